@@ -1,0 +1,97 @@
+//! `rankscope collector`: runs the collector until SIGTERM or Ctrl-C, then drains.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use rankscope_collector::CollectorConfig;
+
+/// Receive every rank's telemetry and write it as Parquet.
+#[derive(clap::Args)]
+#[command(after_help = "Examples:
+  rankscope collector --out ./rankscope-out
+  rankscope collector --listen 0.0.0.0:50051 --out /data/rankscope --max-file-age 30s
+
+Files appear as OUT/<table>/run_id=<run>/part-*.parquet (tables: runs, ranks, steps,
+layers, model, events). On SIGTERM or Ctrl-C the collector commits and acknowledges
+everything it accepted, then exits 0.")]
+pub struct Args {
+    /// Address to listen on (port 0 picks a free port). Loopback by default:
+    /// listen on a cluster address only with auth (see deploy/).
+    #[arg(long, default_value = "127.0.0.1:50051", env = "RANKSCOPE_LISTEN")]
+    pub listen: SocketAddr,
+    /// Output directory.
+    #[arg(long, default_value = "rankscope-out", env = "RANKSCOPE_OUT")]
+    pub out: PathBuf,
+    /// Close a file at most this long after its first row (data is queryable then).
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
+    pub max_file_age: Duration,
+    /// Close a file once it holds this many rows.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_file_rows: usize,
+    /// Most rank streams open at once.
+    #[arg(long, default_value_t = 4096)]
+    pub max_streams: usize,
+    /// Largest message accepted, in bytes.
+    #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES)]
+    pub max_message_bytes: usize,
+    /// How long a disconnected rank may stay away before it is recorded as vanished.
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse)]
+    pub rank_grace: Duration,
+}
+
+impl Args {
+    pub fn config(&self) -> CollectorConfig {
+        let mut config = CollectorConfig::new(&self.out);
+        config.max_file_age = self.max_file_age;
+        config.max_file_rows = self.max_file_rows.max(1);
+        config.max_streams = self.max_streams;
+        config.max_message_bytes = self.max_message_bytes;
+        config.rank_grace = self.rank_grace;
+        config
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}: is the port in use? choose another with --listen", args.listen))?;
+        let addr = listener.local_addr()?;
+        // Tests and scripts read this line to find a port chosen with :0.
+        println!("rankscope collector listening on {addr}, writing {}", args.out.display());
+        let summary = rankscope_collector::serve(listener, args.config(), shutdown_signal())
+            .await
+            .with_context(|| format!("collector writing to {} failed", args.out.display()))?;
+        println!(
+            "rankscope collector stopped: {} streams, {} batches ({} duplicates dropped, {} refused), {} rows in {} files",
+            summary.streams, summary.batches, summary.duplicates, summary.refused, summary.rows, summary.files
+        );
+        Ok(())
+    })
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown requested");
+}

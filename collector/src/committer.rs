@@ -1,0 +1,130 @@
+//! The commit loop: decides when buffered rows become files, commits them off the
+//! async reactor, and publishes the new durable watermarks.
+//!
+//! A commit is due when the oldest buffered row is `max_file_age` old, when a
+//! (table, run) group reaches `max_file_rows`, when the buffer passes half its
+//! byte bound, or soon after an agent's final batch. A failed commit (a full disk,
+//! say) keeps its rows, logs the error and is retried with backoff; meanwhile the
+//! buffer's bound pushes back on the streams.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::intake::Intake;
+use crate::service::{Phase, until};
+use crate::store::Store;
+
+/// When commits happen.
+#[derive(Debug, Clone)]
+pub struct CommitPolicy {
+    pub max_file_age: Duration,
+    pub max_file_rows: usize,
+    pub max_pending_bytes: usize,
+    pub rank_grace: Duration,
+}
+
+/// Counters of what was committed, reported at shutdown.
+#[derive(Debug, Default)]
+pub struct CommitCounters {
+    pub commits: AtomicU64,
+    pub files: AtomicU64,
+    pub rows: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+const TICK: Duration = Duration::from_millis(100);
+/// Gathers the final batches of ranks finishing together into one commit.
+const SOON: Duration = Duration::from_millis(150);
+
+/// Runs until `phase` leaves [`Phase::Serving`], then makes the final commit and
+/// sets [`Phase::Drained`].
+pub async fn run(
+    intake: Arc<Intake>,
+    store: Arc<Store>,
+    policy: CommitPolicy,
+    phase: watch::Sender<Phase>,
+    counters: Arc<CommitCounters>,
+) {
+    let mut backoff = Duration::ZERO;
+    let mut soon = false;
+    let mut phase_rx = phase.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(TICK.max(backoff)) => {}
+            _ = intake.commit_soon.notified() => {
+                soon = true;
+                tokio::time::sleep(SOON).await;
+            }
+            _ = until(&mut phase_rx, |p| p != Phase::Serving) => break,
+        }
+        intake.record_vanished(policy.rank_grace);
+        let (_, bytes, largest, age) = intake.pending_stats();
+        let due = soon
+            || age.is_some_and(|a| a >= policy.max_file_age)
+            || largest >= policy.max_file_rows
+            || bytes >= policy.max_pending_bytes / 2;
+        if !due {
+            continue;
+        }
+        if commit_once(&intake, &store, &counters).await {
+            soon = false;
+            backoff = Duration::ZERO;
+        } else {
+            backoff = (backoff * 2).clamp(Duration::from_millis(200), Duration::from_secs(5));
+        }
+    }
+    // Let streams finish the batch they were admitting, then commit the rest.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for attempt in 0..5 {
+        if commit_once(&intake, &store, &counters).await {
+            break;
+        }
+        tracing::error!(attempt, "final commit failed; retrying");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let _ = phase.send(Phase::Drained);
+}
+
+/// Commits everything buffered; true on success or when there was nothing to do.
+async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &CommitCounters) -> bool {
+    let pending = intake.take_pending();
+    if pending.is_empty() {
+        return true;
+    }
+    let store = store.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let summary = store.commit(&pending);
+        (pending, summary)
+    })
+    .await;
+    let ok = match result {
+        Ok((pending, Ok(summary))) => {
+            intake.mark_durable(pending.watermarks());
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            counters
+                .files
+                .fetch_add(summary.files as u64, Ordering::Relaxed);
+            counters
+                .rows
+                .fetch_add(summary.rows as u64, Ordering::Relaxed);
+            tracing::debug!(files = summary.files, rows = summary.rows, "committed");
+            true
+        }
+        Ok((pending, Err(error))) => {
+            counters.failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(%error, "commit failed; rows kept for retry");
+            intake.restore_pending(pending);
+            false
+        }
+        Err(join) => {
+            counters.failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %join, "commit task panicked");
+            false
+        }
+    };
+    intake.committed.notify_waiters();
+    ok
+}

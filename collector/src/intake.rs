@@ -1,0 +1,312 @@
+//! What the collector has accepted: the rows waiting for the next commit and, per
+//! (run, rank), the sequence numbers accepted and made durable.
+//!
+//! Accepting a batch (the dedup check plus buffering its rows) happens under one
+//! lock, so a commit always holds every batch up to the watermark it records.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rankscope_proto::v1::{Batch, Hello, RankRow};
+use tokio::sync::{Notify, watch};
+
+use crate::buffer::{Pending, RankKey};
+use crate::table::{Rows, Stamped};
+
+/// How far past the highest accepted `seq` a batch may jump before it is refused
+/// as absurd.
+pub const MAX_SEQ_JUMP: u64 = 1_000_000_000;
+
+/// The answer to a batch.
+#[derive(Debug, PartialEq)]
+pub enum Admission {
+    /// Buffered for the next commit.
+    Accepted,
+    /// Already held (resent after a reconnect): dropped.
+    Duplicate,
+    /// The buffer is over its bound: try again after the next commit.
+    Full(Batch),
+}
+
+/// A batch refused for its sequence number.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SeqError {
+    #[error("batch seq must start at 1, got 0")]
+    Zero,
+    #[error("batch seq {seq} jumps more than {MAX_SEQ_JUMP} past the last accepted seq {accepted}")]
+    Absurd { seq: u64, accepted: u64 },
+}
+
+#[derive(Debug)]
+struct RankState {
+    accepted: u64,
+    durable: watch::Sender<u64>,
+    live_streams: u32,
+    finished: bool,
+    hello: Option<Hello>,
+    gone_since: Option<Instant>,
+}
+
+impl RankState {
+    fn new(seq: u64) -> RankState {
+        RankState {
+            accepted: seq,
+            durable: watch::channel(seq).0,
+            live_streams: 0,
+            finished: false,
+            hello: None,
+            gone_since: None,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    ranks: HashMap<RankKey, RankState>,
+    pending: Pending,
+}
+
+/// Shared between every stream and the committer.
+#[derive(Debug)]
+pub struct Intake {
+    inner: Mutex<Inner>,
+    max_pending_bytes: usize,
+    /// Woken after every commit attempt.
+    pub committed: Notify,
+    /// Woken when a stream asks for an early commit (its final batch).
+    pub commit_soon: Notify,
+}
+
+impl Intake {
+    /// Starts from the watermarks recovered from the output directory.
+    pub fn new(recovered: HashMap<RankKey, u64>, max_pending_bytes: usize) -> Intake {
+        let ranks = recovered
+            .into_iter()
+            .map(|(k, seq)| (k, RankState::new(seq)))
+            .collect();
+        Intake {
+            inner: Mutex::new(Inner {
+                ranks,
+                pending: Pending::default(),
+            }),
+            max_pending_bytes,
+            committed: Notify::new(),
+            commit_soon: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a stream for `hello`'s rank; returns its durable watermark.
+    pub fn attach(&self, hello: &Hello) -> watch::Receiver<u64> {
+        let mut inner = self.lock();
+        let state = inner
+            .ranks
+            .entry((hello.run_id.clone(), hello.rank))
+            .or_insert_with(|| RankState::new(0));
+        state.live_streams += 1;
+        state.gone_since = None;
+        state.hello = Some(hello.clone());
+        state.durable.subscribe()
+    }
+
+    /// Unregisters a stream; `finished` if it delivered its final batch.
+    pub fn detach(&self, key: &RankKey, finished: bool) {
+        let mut inner = self.lock();
+        if let Some(state) = inner.ranks.get_mut(key) {
+            state.live_streams = state.live_streams.saturating_sub(1);
+            state.finished |= finished;
+            if state.live_streams == 0 {
+                state.gone_since = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Deduplicates and buffers one batch of `key`'s rank.
+    pub fn admit(&self, key: &RankKey, batch: Batch) -> Result<Admission, SeqError> {
+        let mut inner = self.lock();
+        let accepted = inner.ranks.get(key).map_or(0, |s| s.accepted);
+        if batch.seq == 0 {
+            return Err(SeqError::Zero);
+        }
+        if batch.seq <= accepted {
+            return Ok(Admission::Duplicate);
+        }
+        if batch.seq - accepted > MAX_SEQ_JUMP {
+            return Err(SeqError::Absurd {
+                seq: batch.seq,
+                accepted,
+            });
+        }
+        if inner.pending.bytes() >= self.max_pending_bytes {
+            return Ok(Admission::Full(batch));
+        }
+        let seq = batch.seq;
+        inner.pending.push_batch(&key.0, key.1, batch);
+        inner
+            .ranks
+            .entry(key.clone())
+            .or_insert_with(|| RankState::new(0))
+            .accepted = seq;
+        Ok(Admission::Accepted)
+    }
+
+    /// Takes the buffered rows for a commit.
+    pub fn take_pending(&self) -> Pending {
+        self.lock().pending.take()
+    }
+
+    /// Puts back rows whose commit failed.
+    pub fn restore_pending(&self, pending: Pending) {
+        self.lock().pending.restore(pending);
+    }
+
+    /// (rows, bytes, largest file rows, age) of the buffer.
+    pub fn pending_stats(&self) -> (usize, usize, usize, Option<Duration>) {
+        let inner = self.lock();
+        let p = &inner.pending;
+        (
+            p.rows(),
+            p.bytes(),
+            p.largest_file_rows(),
+            p.since().map(|t| t.elapsed()),
+        )
+    }
+
+    /// Publishes newly durable watermarks to the streams waiting for them.
+    pub fn mark_durable(&self, watermarks: &HashMap<RankKey, u64>) {
+        let inner = self.lock();
+        for (key, seq) in watermarks {
+            if let Some(state) = inner.ranks.get(key) {
+                state.durable.send_if_modified(|d| {
+                    let newer = *seq > *d;
+                    *d = (*d).max(*seq);
+                    newer
+                });
+            }
+        }
+    }
+
+    /// Buffers a `ranks` row with no `finished_at` for every rank whose streams all
+    /// ended without a final batch more than `grace` ago; returns how many.
+    pub fn record_vanished(&self, grace: Duration) -> usize {
+        let mut inner = self.lock();
+        let mut rows: Vec<(String, Stamped<RankRow>)> = Vec::new();
+        for ((run_id, rank), state) in inner.ranks.iter_mut() {
+            let gone = state.gone_since.is_some_and(|t| t.elapsed() >= grace);
+            if !gone || state.finished || state.live_streams > 0 {
+                continue;
+            }
+            state.gone_since = None;
+            if let Some(h) = state.hello.take() {
+                tracing::warn!(run_id, rank, "rank vanished without finishing");
+                let row = RankRow {
+                    local_rank: h.local_rank,
+                    node_rank: h.node_rank,
+                    world_size: h.world_size,
+                    hostname: h.hostname,
+                    pid: h.pid,
+                    mode: h.mode,
+                    started_at: h.started_at,
+                    finished_at: None,
+                };
+                rows.push((
+                    run_id.clone(),
+                    Stamped {
+                        rank: *rank,
+                        seq: 0,
+                        row,
+                    },
+                ));
+            }
+        }
+        let n = rows.len();
+        for (run_id, row) in rows {
+            inner.pending.extend_rows(&run_id, Rows::Ranks(vec![row]));
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(seq: u64) -> Batch {
+        Batch {
+            seq,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn duplicates_are_dropped_by_seq() {
+        let intake = Intake::new(HashMap::new(), usize::MAX);
+        let key = ("run".to_string(), 0);
+        assert_eq!(intake.admit(&key, batch(1)), Ok(Admission::Accepted));
+        assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Accepted));
+        assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Duplicate));
+        assert_eq!(intake.admit(&key, batch(1)), Ok(Admission::Duplicate));
+        assert_eq!(intake.admit(&key, batch(0)), Err(SeqError::Zero));
+        assert!(matches!(
+            intake.admit(&key, batch(u64::MAX)),
+            Err(SeqError::Absurd { .. })
+        ));
+        let other = ("run".to_string(), 1);
+        assert_eq!(intake.admit(&other, batch(1)), Ok(Admission::Accepted));
+    }
+
+    #[test]
+    fn recovered_watermarks_drop_resent_batches() {
+        let key = ("run".to_string(), 3);
+        let intake = Intake::new(HashMap::from([(key.clone(), 5)]), usize::MAX);
+        assert_eq!(intake.admit(&key, batch(5)), Ok(Admission::Duplicate));
+        assert_eq!(intake.admit(&key, batch(6)), Ok(Admission::Accepted));
+    }
+
+    #[test]
+    fn full_buffer_pushes_back() {
+        let intake = Intake::new(HashMap::new(), 1);
+        let key = ("run".to_string(), 0);
+        let mut b = batch(1);
+        b.steps.push(Default::default());
+        assert_eq!(intake.admit(&key, b), Ok(Admission::Accepted));
+        assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Full(batch(2))));
+        intake.take_pending();
+        assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Accepted));
+    }
+
+    #[tokio::test]
+    async fn durable_watermarks_reach_subscribers() {
+        let intake = Intake::new(HashMap::new(), usize::MAX);
+        let hello = Hello {
+            run_id: "run".into(),
+            rank: 1,
+            ..Default::default()
+        };
+        let mut rx = intake.attach(&hello);
+        intake.mark_durable(&HashMap::from([(("run".to_string(), 1), 4)]));
+        rx.changed().await.unwrap();
+        assert_eq!(*rx.borrow(), 4);
+    }
+
+    #[test]
+    fn vanished_rank_gets_an_unfinished_row_once() {
+        let intake = Intake::new(HashMap::new(), usize::MAX);
+        let hello = Hello {
+            run_id: "run".into(),
+            rank: 1,
+            ..Default::default()
+        };
+        let _rx = intake.attach(&hello);
+        intake.detach(&("run".into(), 1), false);
+        assert_eq!(intake.record_vanished(Duration::ZERO), 1);
+        assert_eq!(intake.record_vanished(Duration::ZERO), 0);
+        let _rx = intake.attach(&hello);
+        intake.detach(&("run".into(), 1), true);
+        assert_eq!(intake.record_vanished(Duration::ZERO), 0);
+    }
+}

@@ -1,0 +1,165 @@
+//! The rankscope collector: a gRPC server that takes the telemetry streams of every
+//! rank of a training job and merges them into hive-partitioned Parquet files,
+//! `OUT/<table>/run_id=<run>/part-*.parquet`, that DuckDB reads while the run goes on.
+//!
+//! It never needs libtorch: it is deployed on machines that never train.
+//!
+//! Layout:
+//! - [`validate`]: checks on everything that arrives from the network;
+//! - [`service`]: the gRPC service, one task per rank stream;
+//! - [`intake`]: accepted rows and the per-(run, rank) sequence watermarks (dedup);
+//! - [`buffer`]: rows waiting for the next commit, grouped by (table, run);
+//! - [`table`]: the six tables and their Arrow columns;
+//! - [`committer`]: when buffered rows become files;
+//! - [`store`]: the output directory, atomic commits and crash recovery.
+
+pub mod buffer;
+pub mod committer;
+pub mod intake;
+pub mod service;
+pub mod store;
+pub mod table;
+pub mod validate;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use rankscope_proto::v1::collector_server::CollectorServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::committer::{CommitCounters, CommitPolicy};
+use crate::intake::Intake;
+use crate::service::{CollectorService, Phase, StreamCounters};
+use crate::store::{Store, StoreError};
+
+/// How the collector writes and what it accepts.
+#[derive(Debug, Clone)]
+pub struct CollectorConfig {
+    /// The output directory.
+    pub out: PathBuf,
+    /// A file is closed at most this long after its first row arrived.
+    pub max_file_age: Duration,
+    /// A file is closed once it holds this many rows.
+    pub max_file_rows: usize,
+    /// Rows per Parquet row group.
+    pub row_group_rows: usize,
+    /// Bound on the rows buffered in memory, in encoded bytes; past it streams wait.
+    pub max_pending_bytes: usize,
+    /// Largest message accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// Most streams open at once.
+    pub max_streams: usize,
+    /// How long a rank may stay disconnected before it is recorded as vanished.
+    pub rank_grace: Duration,
+}
+
+impl CollectorConfig {
+    /// The defaults, writing to `out`.
+    pub fn new(out: impl Into<PathBuf>) -> CollectorConfig {
+        CollectorConfig {
+            out: out.into(),
+            max_file_age: Duration::from_secs(10),
+            max_file_rows: 1_000_000,
+            row_group_rows: 1_000_000,
+            max_pending_bytes: 512 * 1024 * 1024,
+            max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
+            max_streams: 4096,
+            rank_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why the collector could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectorError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// What the collector did, reported when it stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServeSummary {
+    pub streams: u64,
+    pub batches: u64,
+    pub duplicates: u64,
+    pub refused: u64,
+    pub commits: u64,
+    pub files: u64,
+    pub rows: u64,
+    pub failed_commits: u64,
+}
+
+/// Serves on `listener` until `shutdown` resolves, then drains: stops reading,
+/// commits everything accepted, acknowledges it, closes the streams and returns.
+pub async fn serve(
+    listener: TcpListener,
+    config: CollectorConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<ServeSummary, CollectorError> {
+    let store = Arc::new(Store::open(&config.out, config.row_group_rows)?);
+    let recovered = store.recover()?;
+    if !recovered.is_empty() {
+        tracing::info!(ranks = recovered.len(), "recovered durable watermarks");
+    }
+    let intake = Arc::new(Intake::new(recovered, config.max_pending_bytes));
+    let (phase_tx, phase_rx) = watch::channel(Phase::Serving);
+    let stream_counters = Arc::new(StreamCounters::default());
+    let commit_counters = Arc::new(CommitCounters::default());
+    let policy = CommitPolicy {
+        max_file_age: config.max_file_age,
+        max_file_rows: config.max_file_rows,
+        max_pending_bytes: config.max_pending_bytes,
+        rank_grace: config.rank_grace,
+    };
+    let phase_for_shutdown = phase_tx.clone();
+    let committer = tokio::spawn(committer::run(
+        intake.clone(),
+        store.clone(),
+        policy,
+        phase_tx,
+        commit_counters.clone(),
+    ));
+    let service = CollectorService::new(
+        intake,
+        phase_rx.clone(),
+        config.max_streams,
+        stream_counters.clone(),
+    );
+    let server = CollectorServer::new(service)
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    let mut drained = phase_rx;
+    let shutdown = async move {
+        shutdown.await;
+        tracing::info!("draining: committing what was accepted");
+        let _ = phase_for_shutdown.send(Phase::Draining);
+        service::until(&mut drained, |p| p == Phase::Drained).await;
+    };
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .add_service(server)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    let _ = committer.await;
+    let s = &stream_counters;
+    let c = &commit_counters;
+    let summary = ServeSummary {
+        streams: s.streams.load(Ordering::Relaxed),
+        batches: s.batches.load(Ordering::Relaxed),
+        duplicates: s.duplicates.load(Ordering::Relaxed),
+        refused: s.refused.load(Ordering::Relaxed),
+        commits: c.commits.load(Ordering::Relaxed),
+        files: c.files.load(Ordering::Relaxed),
+        rows: c.rows.load(Ordering::Relaxed),
+        failed_commits: c.failures.load(Ordering::Relaxed),
+    };
+    tracing::info!(?summary, "collector stopped");
+    Ok(summary)
+}

@@ -1,0 +1,318 @@
+//! The gRPC service: one task per rank stream, from Hello to the last Ack.
+//!
+//! A stream is refused with a clear status when its Hello is wrong
+//! (`FAILED_PRECONDITION` for an unknown schema major, `INVALID_ARGUMENT` for a bad
+//! run id or rank), when a batch breaks a limit (`INVALID_ARGUMENT`), or when too
+//! many streams are open (`RESOURCE_EXHAUSTED`). A full buffer (the disk cannot keep
+//! up or is failing) answers `UNAVAILABLE`, which agents retry. One stream's
+//! failure ends that stream only.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::Stream;
+use rankscope_proto::v1::agent_message::Kind as AgentKind;
+use rankscope_proto::v1::collector_message::Kind as CollectorKind;
+use rankscope_proto::v1::collector_server::Collector;
+use rankscope_proto::v1::{Ack, AgentMessage, Batch, CollectorMessage, Hello, Welcome};
+use tokio::sync::{mpsc, watch};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::buffer::RankKey;
+use crate::intake::{Admission, Intake};
+use crate::validate::{self, Invalid};
+
+/// How long a new stream may take to send its Hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a batch waits for room in a full buffer before the stream is told to retry.
+const FULL_WAIT: Duration = Duration::from_secs(10);
+
+/// Counters of what the service saw, reported at shutdown.
+#[derive(Debug, Default)]
+pub struct StreamCounters {
+    pub streams: AtomicU64,
+    pub batches: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+/// Where the collector is in its life, as streams see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Serving,
+    /// Stop reading new batches; a final commit is under way.
+    Draining,
+    /// The final commit is done: send the last acks and close.
+    Drained,
+}
+
+/// The `rankscope.v1.Collector` service.
+#[derive(Debug, Clone)]
+pub struct CollectorService {
+    intake: Arc<Intake>,
+    phase: watch::Receiver<Phase>,
+    open_streams: Arc<AtomicUsize>,
+    max_streams: usize,
+    counters: Arc<StreamCounters>,
+}
+
+impl CollectorService {
+    pub fn new(
+        intake: Arc<Intake>,
+        phase: watch::Receiver<Phase>,
+        max_streams: usize,
+        counters: Arc<StreamCounters>,
+    ) -> CollectorService {
+        CollectorService {
+            intake,
+            phase,
+            open_streams: Arc::new(AtomicUsize::new(0)),
+            max_streams,
+            counters,
+        }
+    }
+}
+
+/// Frees a stream slot when the stream task ends.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn refuse(invalid: Invalid) -> Status {
+    match invalid {
+        Invalid::Schema(_) => Status::failed_precondition(invalid.to_string()),
+        _ => Status::invalid_argument(invalid.to_string()),
+    }
+}
+
+type Outbound = Pin<Box<dyn Stream<Item = Result<CollectorMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Collector for CollectorService {
+    type StreamStream = Outbound;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Outbound>, Status> {
+        if *self.phase.borrow() != Phase::Serving {
+            return Err(Status::unavailable(
+                "collector is shutting down; retry later",
+            ));
+        }
+        let open = self.open_streams.fetch_add(1, Ordering::Relaxed) + 1;
+        let slot = Slot(self.open_streams.clone());
+        if open > self.max_streams {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Status::resource_exhausted(format!(
+                "too many streams: {} are open (limit {}); raise --max-streams",
+                open - 1,
+                self.max_streams
+            )));
+        }
+        let mut inbound = request.into_inner();
+        let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+            Err(_) => return Err(Status::deadline_exceeded("no Hello within 10 s")),
+            Ok(Err(status)) => return Err(status),
+            Ok(Ok(Some(AgentMessage {
+                kind: Some(AgentKind::Hello(hello)),
+            }))) => hello,
+            Ok(Ok(_)) => {
+                return Err(Status::invalid_argument(
+                    "the first message of a stream must be a Hello",
+                ));
+            }
+        };
+        if let Err(invalid) = validate::hello(&hello) {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %invalid, "refused stream");
+            return Err(refuse(invalid));
+        }
+        self.counters.streams.fetch_add(1, Ordering::Relaxed);
+        let durable = self.intake.attach(&hello);
+        let (tx, rx) = mpsc::channel(16);
+        let welcome = CollectorMessage {
+            kind: Some(CollectorKind::Welcome(Welcome {
+                durable_seq: *durable.borrow(),
+                collector_version: env!("CARGO_PKG_VERSION").to_string(),
+            })),
+        };
+        tx.send(Ok(welcome))
+            .await
+            .map_err(|_| Status::cancelled("stream closed"))?;
+        tracing::debug!(run_id = %hello.run_id, rank = hello.rank, "stream opened");
+        let task = StreamTask {
+            intake: self.intake.clone(),
+            counters: self.counters.clone(),
+            key: (hello.run_id.clone(), hello.rank),
+            tx,
+            durable,
+            phase: self.phase.clone(),
+            last_seq: 0,
+            finished: false,
+        };
+        tokio::spawn(async move {
+            let _slot = slot;
+            task.run(inbound, hello).await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// Resolves once `phase` satisfies `done` (or its sender is gone).
+pub async fn until(phase: &mut watch::Receiver<Phase>, done: impl Fn(Phase) -> bool) {
+    let _ = phase.wait_for(|p| done(*p)).await;
+}
+
+struct StreamTask {
+    intake: Arc<Intake>,
+    counters: Arc<StreamCounters>,
+    key: RankKey,
+    tx: mpsc::Sender<Result<CollectorMessage, Status>>,
+    durable: watch::Receiver<u64>,
+    phase: watch::Receiver<Phase>,
+    /// Highest seq this stream delivered (accepted or duplicate).
+    last_seq: u64,
+    finished: bool,
+}
+
+impl StreamTask {
+    async fn run(mut self, mut inbound: Streaming<AgentMessage>, hello: Hello) {
+        let end = self.read(&mut inbound).await;
+        // Deliver the acks this stream is owed, unless it failed or went away.
+        let status = match end {
+            Ok(()) => self.await_durable().await,
+            Err(status) => Some(status),
+        };
+        if let Some(status) = status {
+            tracing::debug!(run_id = %hello.run_id, rank = hello.rank, %status, "stream ended");
+            let _ = self.tx.send(Err(status)).await;
+        }
+        self.intake.detach(&self.key, self.finished);
+    }
+
+    /// Reads batches until the agent closes its side, the collector drains, or an error.
+    async fn read(&mut self, inbound: &mut Streaming<AgentMessage>) -> Result<(), Status> {
+        enum Next {
+            Message(Result<Option<AgentMessage>, Status>),
+            Durable,
+            Drain,
+        }
+        loop {
+            let mut phase = self.phase.clone();
+            let next = tokio::select! {
+                message = inbound.message() => Next::Message(message),
+                changed = self.durable.changed() => match changed {
+                    Ok(()) => Next::Durable,
+                    Err(_) => Next::Drain,
+                },
+                _ = until(&mut phase, |p| p != Phase::Serving) => Next::Drain,
+            };
+            match next {
+                Next::Message(message) => match message? {
+                    None => return Ok(()),
+                    Some(AgentMessage {
+                        kind: Some(AgentKind::Batch(batch)),
+                    }) => self.batch(batch).await?,
+                    Some(_) => {
+                        return Err(Status::invalid_argument(
+                            "expected a Batch: a stream carries one Hello, first",
+                        ));
+                    }
+                },
+                Next::Durable => self.ack().await?,
+                Next::Drain => return Ok(()),
+            }
+        }
+    }
+
+    async fn batch(&mut self, batch: Batch) -> Result<(), Status> {
+        validate::batch(&batch).map_err(|invalid| {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            refuse(invalid)
+        })?;
+        let (seq, is_final) = (batch.seq, batch.r#final);
+        let mut waited = Duration::ZERO;
+        let mut batch = batch;
+        loop {
+            let admission = self
+                .intake
+                .admit(&self.key, batch)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            match admission {
+                Admission::Accepted => {
+                    self.counters.batches.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Admission::Duplicate => {
+                    self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Admission::Full(_) if waited >= FULL_WAIT => {
+                    return Err(Status::unavailable(
+                        "collector buffer is full because commits are failing or slow (see its log); resend later",
+                    ));
+                }
+                Admission::Full(back) => {
+                    batch = back;
+                    let step = Duration::from_millis(200);
+                    let _ = tokio::time::timeout(step, self.intake.committed.notified()).await;
+                    waited += step;
+                }
+            }
+        }
+        self.last_seq = self.last_seq.max(seq);
+        if is_final {
+            self.finished = true;
+            self.intake.commit_soon.notify_one();
+        }
+        if *self.durable.borrow() >= seq {
+            // A resend of something already durable: answer at once.
+            self.ack().await?;
+        }
+        Ok(())
+    }
+
+    async fn ack(&mut self) -> Result<(), Status> {
+        let durable_seq = *self.durable.borrow_and_update();
+        let ack = CollectorMessage {
+            kind: Some(CollectorKind::Ack(Ack { durable_seq })),
+        };
+        self.tx
+            .send(Ok(ack))
+            .await
+            .map_err(|_| Status::cancelled("agent went away"))
+    }
+
+    /// After the agent's last batch: forwards acks until all of it is durable or
+    /// the collector has drained. Returns the status that ends the stream, if any.
+    async fn await_durable(&mut self) -> Option<Status> {
+        loop {
+            if *self.durable.borrow() >= self.last_seq {
+                let _ = self.ack().await;
+                return None;
+            }
+            let mut phase = self.phase.clone();
+            let drained = tokio::select! {
+                changed = self.durable.changed() => changed.is_err(),
+                _ = until(&mut phase, |p| p == Phase::Drained) => true,
+            };
+            if self.ack().await.is_err() {
+                return None;
+            }
+            if drained {
+                return Some(Status::unavailable(
+                    "collector is shutting down; resend unacknowledged batches to its next start",
+                ));
+            }
+        }
+    }
+}

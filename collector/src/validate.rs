@@ -1,0 +1,190 @@
+//! Checks on everything that arrives from the network, before it touches memory
+//! bounds or the filesystem. Every error names the bad value and the fix.
+
+use rankscope_proto::v1::{Batch, Hello};
+use rankscope_proto::{MAX_RUN_ID_LEN, SCHEMA_MAJOR};
+
+/// Longest layer name, event kind or other label accepted, in bytes.
+pub const MAX_LABEL_BYTES: usize = 256;
+/// Longest event message accepted, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 4096;
+/// Most rows of all tables in one batch.
+pub const MAX_ROWS_PER_BATCH: usize = 100_000;
+
+/// Why a stream was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Invalid {
+    #[error(
+        "run id {0:?} is not allowed: use 1 to {MAX_RUN_ID_LEN} characters of letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
+    )]
+    RunId(String),
+    #[error(
+        "schema major version {0} is not supported: this collector speaks {SCHEMA_MAJOR}; run agent and collector of the same major release"
+    )]
+    Schema(u32),
+    #[error("rank {rank} is not below world_size {world_size}: check RANK and WORLD_SIZE")]
+    Rank { rank: u32, world_size: u32 },
+    #[error("{field} of {len} bytes is too long (at most {max})")]
+    TooLong {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("{field} {value:?} contains control characters")]
+    Control { field: &'static str, value: String },
+    #[error("batch of {0} rows is too large (at most {MAX_ROWS_PER_BATCH}): send smaller batches")]
+    TooManyRows(usize),
+}
+
+/// Checks a run id before it names a folder: no separators, no `..`, bounded.
+pub fn run_id(id: &str) -> Result<(), Invalid> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_RUN_ID_LEN
+        && id.as_bytes()[0].is_ascii_alphanumeric()
+        && !id.contains("..")
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        let shown: String = id.chars().take(MAX_RUN_ID_LEN + 8).collect();
+        Err(Invalid::RunId(shown))
+    }
+}
+
+/// Checks a stream's opening message.
+pub fn hello(h: &Hello) -> Result<(), Invalid> {
+    if h.schema_major != SCHEMA_MAJOR {
+        return Err(Invalid::Schema(h.schema_major));
+    }
+    run_id(&h.run_id)?;
+    if h.rank >= h.world_size {
+        return Err(Invalid::Rank {
+            rank: h.rank,
+            world_size: h.world_size,
+        });
+    }
+    label("hostname", &h.hostname, MAX_LABEL_BYTES)?;
+    label("agent_version", &h.agent_version, MAX_LABEL_BYTES)
+}
+
+/// Checks the sizes and labels of a batch.
+pub fn batch(b: &Batch) -> Result<(), Invalid> {
+    let rows = b.steps.len()
+        + b.layers.len()
+        + b.runs.len()
+        + b.ranks.len()
+        + b.model.len()
+        + b.events.len();
+    if rows > MAX_ROWS_PER_BATCH {
+        return Err(Invalid::TooManyRows(rows));
+    }
+    for l in &b.layers {
+        label("layer", &l.layer, MAX_LABEL_BYTES)?;
+        label("conv_layout", &l.conv_layout, MAX_LABEL_BYTES)?;
+    }
+    for m in &b.model {
+        label("layer", &m.layer, MAX_LABEL_BYTES)?;
+        label("kind", &m.kind, MAX_LABEL_BYTES)?;
+        label("output_shape", &m.output_shape, MAX_LABEL_BYTES)?;
+    }
+    for e in &b.events {
+        label("kind", &e.kind, MAX_LABEL_BYTES)?;
+        if e.message.len() > MAX_MESSAGE_BYTES {
+            return Err(Invalid::TooLong {
+                field: "message",
+                len: e.message.len(),
+                max: MAX_MESSAGE_BYTES,
+            });
+        }
+    }
+    for r in &b.runs {
+        label("layer_filter", &r.layer_filter, MAX_LABEL_BYTES)?;
+        label("agent_version", &r.agent_version, MAX_LABEL_BYTES)?;
+        label("workload", &r.workload, MAX_LABEL_BYTES)?;
+    }
+    for r in &b.ranks {
+        label("hostname", &r.hostname, MAX_LABEL_BYTES)?;
+    }
+    Ok(())
+}
+
+fn label(field: &'static str, value: &str, max: usize) -> Result<(), Invalid> {
+    if value.len() > max {
+        return Err(Invalid::TooLong {
+            field,
+            len: value.len(),
+            max,
+        });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(Invalid::Control {
+            field,
+            value: value.escape_debug().take(64).collect(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rankscope_proto::v1::LayerRow;
+
+    #[test]
+    fn run_ids() {
+        for good in ["run", "r-1", "2026-11-22_a.b", &"x".repeat(MAX_RUN_ID_LEN)] {
+            assert_eq!(run_id(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "..",
+            "a/../b",
+            "/etc",
+            "a/b",
+            "a\\b",
+            ".hidden",
+            "-x",
+            "a..b",
+            "run id",
+            "ü",
+            "a\0b",
+            &"x".repeat(MAX_RUN_ID_LEN + 1),
+        ] {
+            let err = run_id(bad).unwrap_err().to_string();
+            assert!(err.contains("is not allowed"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn hello_checks_schema_and_rank() {
+        let mut h = Hello {
+            run_id: "r".into(),
+            rank: 0,
+            world_size: 1,
+            schema_major: SCHEMA_MAJOR,
+            ..Default::default()
+        };
+        assert_eq!(hello(&h), Ok(()));
+        h.schema_major = 2;
+        assert!(hello(&h).unwrap_err().to_string().contains("speaks 1"));
+        h.schema_major = SCHEMA_MAJOR;
+        h.rank = 1;
+        assert!(hello(&h).unwrap_err().to_string().contains("WORLD_SIZE"));
+    }
+
+    #[test]
+    fn batch_labels_are_bounded() {
+        let mut b = Batch::default();
+        b.layers.push(LayerRow {
+            layer: "x".repeat(MAX_LABEL_BYTES + 1),
+            ..Default::default()
+        });
+        assert!(matches!(batch(&b), Err(Invalid::TooLong { .. })));
+        b.layers[0].layer = "bad\u{1b}[31m".into();
+        assert!(matches!(batch(&b), Err(Invalid::Control { .. })));
+        b.layers[0].layer = "encoder.layers.0.attn".into();
+        assert_eq!(batch(&b), Ok(()));
+    }
+}

@@ -1,0 +1,313 @@
+//! The collector end to end: the real binary on 127.0.0.1:0, simulated ranks on
+//! the real protocol, and the real DuckDB CLI reading what it wrote.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rankscope_proto::v1::agent_message::Kind as AgentKind;
+use rankscope_proto::v1::collector_client::CollectorClient;
+use rankscope_proto::v1::collector_message::Kind as CollectorKind;
+use rankscope_proto::v1::{AgentMessage, Batch, CollectorMessage, Hello, LayerRow, StepRow};
+use rankscope_tests::{CollectorProc, count, count_by_rank, duckdb, rankscope, table};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Status, Streaming};
+
+#[test]
+fn loadgen_rows_land_exactly_per_rank_and_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = CollectorProc::start(dir.path(), &[]);
+    let (ranks, steps, layers) = (8u64, 60u64, 7u64);
+    rankscope(&[
+        "loadgen",
+        "--ranks",
+        &ranks.to_string(),
+        "--steps",
+        &steps.to_string(),
+        "--layers",
+        &layers.to_string(),
+        "--collector",
+        &collector.addr,
+        "--run-id",
+        "exact-1",
+    ]);
+    assert!(collector.stop(), "collector exits 0 after SIGTERM");
+    let out = dir.path();
+    let expect = |per_rank: u64| (0..ranks as u32).map(|r| (r, per_rank)).collect::<Vec<_>>();
+    assert_eq!(count_by_rank(out, "layers"), expect(steps * layers));
+    assert_eq!(count_by_rank(out, "steps"), expect(steps));
+    assert_eq!(count_by_rank(out, "model"), expect(layers));
+    assert_eq!(count_by_rank(out, "ranks"), expect(1));
+    assert_eq!(count(out, "runs", ""), 1);
+    assert!(!out.join("events").exists(), "no drops, so no events");
+    // The hive partition and the column agree.
+    assert_eq!(
+        duckdb(&format!(
+            "select distinct run_id from {}",
+            table(out, "steps")
+        ))
+        .trim(),
+        "exact-1"
+    );
+    // Every rank finished.
+    assert_eq!(count(out, "ranks", "finished_at is null"), 0);
+}
+
+fn hello(run_id: &str, rank: u32) -> Hello {
+    Hello {
+        run_id: run_id.into(),
+        rank,
+        world_size: 4,
+        hostname: "test".into(),
+        schema_major: rankscope_proto::SCHEMA_MAJOR,
+        agent_version: "test".into(),
+        ..Default::default()
+    }
+}
+
+fn batch(seq: u64, steps: u64, is_final: bool) -> Batch {
+    Batch {
+        seq,
+        r#final: is_final,
+        steps: (0..steps)
+            .map(|i| StepRow {
+                step: seq * 1000 + i,
+                step_ms: 1.0,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A raw protocol stream, as an agent would open it.
+struct RawStream {
+    tx: mpsc::Sender<AgentMessage>,
+    inbound: Streaming<CollectorMessage>,
+}
+
+async fn open(addr: &str, hello: Hello) -> Result<(RawStream, u64), Status> {
+    let mut client = CollectorClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+        .max_encoding_message_size(64 * 1024 * 1024);
+    let (tx, rx) = mpsc::channel(64);
+    tx.send(AgentMessage {
+        kind: Some(AgentKind::Hello(hello)),
+    })
+    .await
+    .unwrap();
+    let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
+    match inbound.message().await? {
+        Some(CollectorMessage {
+            kind: Some(CollectorKind::Welcome(w)),
+        }) => Ok((RawStream { tx, inbound }, w.durable_seq)),
+        other => panic!("expected a Welcome, got {other:?}"),
+    }
+}
+
+impl RawStream {
+    async fn send(&self, batch: Batch) {
+        self.tx
+            .send(AgentMessage {
+                kind: Some(AgentKind::Batch(batch)),
+            })
+            .await
+            .unwrap();
+    }
+
+    /// Waits for an ack of at least `seq`.
+    async fn acked(&mut self, seq: u64) -> u64 {
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(30), self.inbound.message())
+                .await
+                .expect("an ack within 30 s")
+                .expect("stream ok");
+            if let Some(CollectorMessage {
+                kind: Some(CollectorKind::Ack(ack)),
+            }) = message
+                && ack.durable_seq >= seq
+            {
+                return ack.durable_seq;
+            }
+        }
+    }
+
+    /// The status that ends the stream.
+    async fn error(&mut self) -> Status {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(30), self.inbound.message())
+                .await
+                .expect("an answer within 30 s")
+            {
+                Err(status) => return status,
+                Ok(None) => panic!("stream ended without an error"),
+                Ok(Some(_)) => {}
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resent_acknowledged_batches_are_not_duplicated() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = CollectorProc::start(dir.path(), &["--max-file-age", "200ms"]);
+    let (mut first, durable) = open(&collector.addr, hello("resend", 1)).await.unwrap();
+    assert_eq!(durable, 0);
+    for seq in 1..=5 {
+        first.send(batch(seq, 10, false)).await;
+    }
+    assert_eq!(first.acked(5).await, 5);
+    drop(first);
+
+    // A reconnecting agent that lost track resends everything, then more.
+    let (mut second, durable) = open(&collector.addr, hello("resend", 1)).await.unwrap();
+    assert_eq!(durable, 5, "the Welcome carries the durable watermark");
+    for seq in 1..=6 {
+        second.send(batch(seq, 10, seq == 6)).await;
+    }
+    assert_eq!(second.acked(6).await, 6);
+    drop(second);
+    assert!(collector.stop());
+    let out = dir.path();
+    assert_eq!(count(out, "steps", ""), 60);
+    let dups = duckdb(&format!(
+        "select count(*) from (select rank, step from {} group by all having count(*) > 1)",
+        table(out, "steps")
+    ));
+    assert_eq!(dups.trim(), "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_carry_clear_statuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = CollectorProc::start(dir.path(), &["--max-message-bytes", "65536"]);
+    let addr = collector.addr.clone();
+
+    for bad in ["../etc", "a/b", "..", "", "x y", &"r".repeat(200)] {
+        let status = open(&addr, hello(bad, 0)).await.err().expect("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{bad:?}");
+        assert!(status.message().contains("run id"), "{}", status.message());
+    }
+
+    let mut wrong_schema = hello("schema", 0);
+    wrong_schema.schema_major = 2;
+    let status = open(&addr, wrong_schema).await.err().expect("refused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(status.message().contains("schema major version 2"));
+
+    let mut wrong_rank = hello("rank", 0);
+    wrong_rank.rank = 9;
+    let status = open(&addr, wrong_rank).await.err().expect("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("world_size"));
+
+    // An oversized message ends that stream with a clear status.
+    let (mut big, _) = open(&addr, hello("big", 0)).await.unwrap();
+    big.send(batch(1, 10_000, false)).await;
+    let status = big.error().await;
+    assert!(
+        status.message().contains("message length too large"),
+        "{status:?}"
+    );
+
+    // A garbage layer name is refused; the stream ends, the collector lives on.
+    let (mut garbage, _) = open(&addr, hello("garbage", 0)).await.unwrap();
+    let mut b = batch(1, 0, false);
+    b.layers.push(LayerRow {
+        layer: "evil\u{7}\n".into(),
+        ..Default::default()
+    });
+    garbage.send(b).await;
+    let status = garbage.error().await;
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("control characters"));
+
+    // And a well-formed stream still works.
+    let (mut fine, _) = open(&addr, hello("fine", 0)).await.unwrap();
+    fine.send(batch(1, 3, true)).await;
+    assert_eq!(fine.acked(1).await, 1);
+    drop(fine);
+    assert!(collector.stop());
+    assert_eq!(count(dir.path(), "steps", ""), 3);
+}
+
+/// Lists every file a `*/*.parquet` glob would match.
+fn globbed(out: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for table in std::fs::read_dir(out).into_iter().flatten().flatten() {
+        for run in std::fs::read_dir(table.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for f in std::fs::read_dir(run.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let name = f.file_name();
+                let name = name.to_string_lossy();
+                if name.ends_with(".parquet") && !name.starts_with('.') {
+                    files.push(f.path());
+                }
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn no_partial_file_is_ever_visible_to_a_glob() {
+    let dir = tempfile::tempdir().unwrap();
+    // Small files and frequent rotation: many renames while we watch.
+    let collector = CollectorProc::start(
+        dir.path(),
+        &["--max-file-age", "50ms", "--max-file-rows", "500"],
+    );
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (out, done) = (dir.path().to_path_buf(), done.clone());
+        std::thread::spawn(move || {
+            let mut checked = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                for path in globbed(&out) {
+                    let Ok(file) = std::fs::File::open(&path) else {
+                        continue;
+                    };
+                    // A complete Parquet file has a readable footer.
+                    parquet::file::reader::SerializedFileReader::new(file)
+                        .unwrap_or_else(|e| panic!("{} is partial: {e}", path.display()));
+                    checked += 1;
+                }
+            }
+            checked
+        })
+    };
+    rankscope(&[
+        "loadgen",
+        "--ranks",
+        "4",
+        "--steps",
+        "300",
+        "--layers",
+        "4",
+        "--step-interval",
+        "1ms",
+        "--collector",
+        &collector.addr,
+    ]);
+    assert!(collector.stop());
+    done.store(true, Ordering::Relaxed);
+    let checked = watcher.join().expect("no partial file seen");
+    assert!(checked > 0, "the watcher saw files while they were written");
+    let files = globbed(dir.path());
+    assert!(
+        files.len() > 4,
+        "rotation made several files: {}",
+        files.len()
+    );
+    assert_eq!(count(dir.path(), "layers", ""), 4 * 300 * 4);
+}
