@@ -3,14 +3,41 @@
 //! step, and streams all of it to the collector without ever blocking training.
 //!
 //! Layout:
+//! - [`config`]: `RANKSCOPE_*`, torchrun and SLURM variables, and the builder;
 //! - [`row`]: a row of any table;
 //! - [`outbox`]: unacknowledged batches, resent after reconnects;
-//! - [`transport`]: the background thread that batches and streams rows.
+//! - [`transport`]: the background thread that batches and streams rows;
+//! - with the `torch` feature: [`metrics`] (the spectral and health metrics),
+//!   [`npy`] (reading saved matrices), [`worker`] (metrics off the training
+//!   thread), [`tap`] (capturing activations), [`step`] (step and phase timing),
+//!   [`memory`] (RSS and allocator bytes), [`profile`] (the static model profile),
+//!   and [`agent`] (the handle training code holds).
 
+pub mod config;
 pub mod outbox;
 pub mod row;
 pub mod transport;
 
+#[cfg(feature = "torch")]
+pub mod agent;
+#[cfg(feature = "torch")]
+pub mod memory;
+#[cfg(feature = "torch")]
+pub mod metrics;
+#[cfg(feature = "torch")]
+pub mod npy;
+#[cfg(feature = "torch")]
+pub mod profile;
+#[cfg(feature = "torch")]
+pub mod step;
+#[cfg(feature = "torch")]
+pub mod tap;
+#[cfg(feature = "torch")]
+pub mod worker;
+
+#[cfg(feature = "torch")]
+pub use agent::Agent;
+pub use config::{AgentConfig, ConfigError, Mode};
 pub use row::Row;
 pub use transport::{FinishReport, Transport, TransportConfig};
 

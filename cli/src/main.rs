@@ -1,14 +1,33 @@
-//! The `rankscope` command: the collector, the load generator, and (with the
-//! `torch` feature) the example training workloads, the launcher and the demo.
+//! The `rankscope` command: the collector, the load generator, the launcher, and
+//! (with the `torch` feature) the example training workloads, the demo and the
+//! offline spectrum tool.
 //!
 //! Layout:
 //! - `collector_cmd`: `rankscope collector`;
 //! - `loadgen`: `rankscope loadgen`, simulated ranks on the real protocol;
+//! - `launch`: `rankscope launch`, local ranks with torchrun's variables;
+//! - `summary`: `rankscope summary`, a run's summary from its Parquet files;
+//! - `train` and `workloads`: `rankscope train` and its example models;
+//! - `demo`: `rankscope demo`, the README's `make demo`;
+//! - `spectrum`: `rankscope spectrum`, metrics of a saved matrix;
+//! - `bench`: `rankscope bench`, the agent's overhead for BENCHMARKS.md;
 //! - `duration`: the `10s` / `500ms` argument parser.
 
+#[cfg(feature = "torch")]
+mod bench;
 mod collector_cmd;
+#[cfg(feature = "torch")]
+mod demo;
 mod duration;
+mod launch;
 mod loadgen;
+#[cfg(feature = "torch")]
+mod spectrum;
+mod summary;
+#[cfg(feature = "torch")]
+mod train;
+#[cfg(feature = "torch")]
+mod workloads;
 
 use clap::{Parser, Subcommand};
 
@@ -18,9 +37,13 @@ use clap::{Parser, Subcommand};
     version,
     about = "Dimensionality, timing and memory telemetry for distributed training",
     after_help = "Examples:
-  rankscope collector --out ./rankscope-out
+  rankscope demo                                  # 4 ranks, embedded collector, summary
+  rankscope collector --out ./rankscope-out       # the central collector
+  rankscope launch --nproc-per-node 4 -- rankscope train --model cnn
   rankscope loadgen --ranks 8 --steps 100 --layers 12 --collector 127.0.0.1:50051
-  duckdb -c \"select rank, count(*) from read_parquet('rankscope-out/steps/*/*.parquet', hive_partitioning=true) group by rank\""
+  duckdb -c \"select rank, count(*) from read_parquet('rankscope-out/steps/*/*.parquet', hive_partitioning=true) group by rank\"
+
+Logs: RANKSCOPE_LOG=debug (tracing's env-filter syntax)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -31,6 +54,16 @@ struct Cli {
 enum Command {
     Collector(collector_cmd::Args),
     Loadgen(loadgen::Args),
+    Launch(launch::Args),
+    Summary(summary::Args),
+    #[cfg(feature = "torch")]
+    Train(train::Args),
+    #[cfg(feature = "torch")]
+    Demo(demo::Args),
+    #[cfg(feature = "torch")]
+    Spectrum(spectrum::Args),
+    #[cfg(feature = "torch")]
+    Bench(bench::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,5 +78,15 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Collector(args) => collector_cmd::run(args),
         Command::Loadgen(args) => loadgen::run(args),
+        Command::Launch(args) => launch::run(args),
+        Command::Summary(args) => summary::run(args),
+        #[cfg(feature = "torch")]
+        Command::Train(args) => train::run(args),
+        #[cfg(feature = "torch")]
+        Command::Demo(args) => demo::run(args),
+        #[cfg(feature = "torch")]
+        Command::Spectrum(args) => spectrum::run(args),
+        #[cfg(feature = "torch")]
+        Command::Bench(args) => bench::run(args),
     }
 }

@@ -1,0 +1,363 @@
+//! The handle training code holds: [`Agent`].
+//!
+//! ```no_run
+//! use rankscope_agent::{Agent, step::Phase};
+//! use tch::nn::{self, Module};
+//!
+//! let agent = Agent::from_env().expect("rankscope configuration");
+//! let vs = nn::VarStore::new(tch::Device::Cpu);
+//! let model = nn::seq()
+//!     .add(agent.tap("fc1", nn::linear(vs.root() / "fc1", 5, 64, Default::default())))
+//!     .add_fn(|x| x.silu());
+//! for step in 0..100 {
+//!     let s = agent.step(step);
+//!     let x = { let _p = s.phase(Phase::Data); tch::Tensor::randn([32, 5], tch::kind::FLOAT_CPU) };
+//!     let y = { let _p = s.phase(Phase::Forward); model.forward(&x) };
+//!     s.loss(y.mean(tch::Kind::Float).double_value(&[]));
+//! }
+//! agent.finish();
+//! ```
+//!
+//! An inert agent (mode `off`, or `rank0` on another rank) holds nothing: no thread,
+//! no connection, and every call returns at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use rankscope_proto::v1::{EventRow, Hello, RankRow, RunRow};
+use tch::Tensor;
+
+use crate::config::{AgentConfig, AgentConfigBuilder, ConfigError, OnConfigError};
+use crate::memory::{self, RssReader};
+use crate::metrics::{self, ConvLayout, MatrixOptions};
+use crate::step::StepGuard;
+use crate::tap::Tap;
+use crate::transport::{FinishReport, Transport, TransportConfig};
+use crate::worker::{self, Worker};
+use crate::{Row, now_us};
+
+/// A tapped layer's output shape, seen during profiling.
+#[derive(Debug, Clone)]
+pub(crate) struct ObservedShape {
+    pub name: String,
+    pub kind: Option<&'static str>,
+    pub output: Vec<i64>,
+}
+
+/// Sampled activations waiting for the metrics worker, at most.
+const WORKER_QUEUE: usize = 256;
+
+/// The agent of one rank. Cheap to clone (an `Arc`); `Send + Sync`.
+#[derive(Clone, Debug, Default)]
+pub struct Agent {
+    inner: Option<Arc<Inner>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) config: AgentConfig,
+    pub(crate) transport: Arc<Transport>,
+    worker: Mutex<Option<Worker>>,
+    worker_dropped: AtomicU64,
+    worker_queue: Mutex<Option<std::sync::mpsc::SyncSender<worker::Job>>>,
+    /// True during a step whose activations are sampled.
+    pub(crate) sampling: AtomicBool,
+    pub(crate) step: AtomicU64,
+    /// Nanoseconds the agent spent on the training thread in the current step.
+    pub(crate) overhead_ns: AtomicU64,
+    pub(crate) rss: RssReader,
+    pub(crate) device_index: Option<i32>,
+    /// True while [`Agent::profile_model`] runs its forward pass.
+    pub(crate) profiling: AtomicBool,
+    /// Output shapes recorded while profiling, in forward order.
+    pub(crate) shapes: Mutex<Vec<ObservedShape>>,
+    conv_layout: ConvLayout,
+    started_at: i64,
+    report: OnceLock<FinishReport>,
+}
+
+impl Agent {
+    /// Configures from the environment (see [`crate::config`]). With
+    /// `RANKSCOPE_ON_CONFIG_ERROR=disable`, a wrong configuration logs the error and
+    /// returns a disabled agent instead of failing.
+    pub fn from_env() -> Result<Agent, ConfigError> {
+        Agent::from_builder(AgentConfig::builder())
+    }
+
+    /// Configures from code overrides, then the environment.
+    pub fn from_builder(builder: AgentConfigBuilder) -> Result<Agent, ConfigError> {
+        match builder.build() {
+            Ok(config) => Ok(Agent::new(config)),
+            Err(error) => match builder.on_error() {
+                Ok(OnConfigError::Disable) => {
+                    tracing::error!(%error, "rankscope disabled by RANKSCOPE_ON_CONFIG_ERROR=disable");
+                    Ok(Agent::disabled())
+                }
+                _ => Err(error),
+            },
+        }
+    }
+
+    /// An agent that records nothing.
+    pub fn disabled() -> Agent {
+        Agent { inner: None }
+    }
+
+    /// Starts the agent for `config`. Inert ranks start nothing.
+    pub fn new(config: AgentConfig) -> Agent {
+        if !config.active() {
+            return Agent::disabled();
+        }
+        match Inner::start(config) {
+            Ok(inner) => Agent {
+                inner: Some(Arc::new(inner)),
+            },
+            Err(error) => {
+                tracing::error!(%error, "cannot start the rankscope agent; telemetry is off");
+                Agent::disabled()
+            }
+        }
+    }
+
+    /// Whether this agent records anything.
+    pub fn is_active(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    pub(crate) fn inner(&self) -> Option<&Arc<Inner>> {
+        self.inner.as_ref()
+    }
+
+    pub fn config(&self) -> Option<&AgentConfig> {
+        self.inner.as_deref().map(|i| &i.config)
+    }
+
+    /// Wraps `module` so its output is observed under `name`. Layers the filter
+    /// excludes, and all layers in `steps` mode, are wrapped inert.
+    pub fn tap<M: tch::nn::Module>(&self, name: &str, module: M) -> Tap<M> {
+        Tap::new(self.clone(), name, module, None)
+    }
+
+    /// [`Agent::tap`] for a self-attention module, so the profile counts its FLOPs.
+    pub fn tap_attention<M: tch::nn::Module>(&self, name: &str, module: M) -> Tap<M> {
+        Tap::new(self.clone(), name, module, Some("attention"))
+    }
+
+    /// Whether activations of `name` are sampled at all.
+    pub fn wants_layer(&self, name: &str) -> bool {
+        self.inner
+            .as_ref()
+            .is_some_and(|i| i.config.samples_layers() && i.config.layers.matches(name))
+    }
+
+    /// Begins step `step`; the guard records the step row when dropped.
+    pub fn step(&self, step: u64) -> StepGuard<'_> {
+        StepGuard::begin(self, step)
+    }
+
+    /// Observes an activation of layer `name`. On a step that is not sampled this
+    /// costs one atomic load.
+    pub fn observe(&self, name: &str, activation: &Tensor) {
+        self.observe_kind(name, None, activation)
+    }
+
+    pub(crate) fn observe_kind(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
+        let Some(inner) = &self.inner else { return };
+        if !inner.sampling.load(Ordering::Relaxed) {
+            if inner.profiling.load(Ordering::Relaxed) {
+                inner.record_shape(name, kind, activation);
+            }
+            return;
+        }
+        if !self.wants_layer(name) {
+            return;
+        }
+        let started = Instant::now();
+        inner.sample(name, activation);
+        inner.add_overhead(started);
+    }
+
+    /// Records an event row (`kind`, a message, an optional value).
+    pub fn event(&self, kind: &str, message: &str, value: Option<i64>) {
+        if let Some(inner) = &self.inner {
+            inner.transport.send(Row::Event(EventRow {
+                time: now_us(),
+                kind: kind.into(),
+                message: message.into(),
+                value,
+                step: Some(inner.step.load(Ordering::Relaxed)),
+            }));
+        }
+    }
+
+    /// Flushes everything and waits (at most the configured `finish_timeout`) for
+    /// the collector to acknowledge it. Callable more than once.
+    pub fn finish(&self) -> FinishReport {
+        match &self.inner {
+            Some(inner) => inner.finish(),
+            None => FinishReport::default(),
+        }
+    }
+}
+
+impl Inner {
+    fn start(config: AgentConfig) -> std::io::Result<Inner> {
+        let started_at = now_us();
+        let hostname = hostname();
+        let hello = Hello {
+            run_id: config.run_id.clone(),
+            rank: config.rank,
+            local_rank: config.local_rank,
+            node_rank: config.node_rank,
+            world_size: config.world_size,
+            hostname,
+            pid: std::process::id(),
+            mode: config.mode.proto() as i32,
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            schema_major: rankscope_proto::SCHEMA_MAJOR,
+            schema_minor: rankscope_proto::SCHEMA_MINOR,
+            started_at,
+        };
+        let mut tc = TransportConfig::new(&config.collector);
+        tc.queue_rows = config.queue_rows;
+        let transport = Arc::new(Transport::start(tc, hello)?);
+        if config.rank == 0 {
+            transport.send(Row::Run(RunRow {
+                started_at,
+                world_size: config.world_size,
+                mode: config.mode.proto() as i32,
+                sample_every: config.sample_every as u32,
+                max_rows: config.max_rows as u32,
+                centered: config.center,
+                layer_filter: config.layers.as_text(),
+                agent_version: env!("CARGO_PKG_VERSION").into(),
+                workload: config.workload.clone(),
+            }));
+        }
+        let conv_layout = ConvLayout::parse(&config.conv_layout).unwrap_or_default();
+        let options = MatrixOptions {
+            max_rows: config.max_rows,
+            center: config.center,
+            conv_layout,
+        };
+        let (worker, queue) = if config.samples_layers() {
+            let w = Worker::start(transport.clone(), options, WORKER_QUEUE)?;
+            let queue = w.sender();
+            (Some(w), queue)
+        } else {
+            (None, None)
+        };
+        let device_index = tch::Cuda::is_available()
+            .then_some(config.local_rank as i32 % tch::Cuda::device_count().max(1) as i32);
+        Ok(Inner {
+            config,
+            transport,
+            worker: Mutex::new(worker),
+            worker_dropped: AtomicU64::new(0),
+            worker_queue: Mutex::new(queue),
+            sampling: AtomicBool::new(false),
+            step: AtomicU64::new(0),
+            overhead_ns: AtomicU64::new(0),
+            rss: RssReader::default(),
+            device_index,
+            profiling: AtomicBool::new(false),
+            shapes: Mutex::new(Vec::new()),
+            conv_layout,
+            started_at,
+            report: OnceLock::new(),
+        })
+    }
+
+    pub(crate) fn add_overhead(&self, since: Instant) {
+        self.overhead_ns
+            .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn record_shape(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
+        let mut shapes = self.shapes.lock().unwrap_or_else(|e| e.into_inner());
+        if !shapes.iter().any(|s| s.name == name) {
+            shapes.push(ObservedShape {
+                name: name.to_string(),
+                kind,
+                output: activation.size(),
+            });
+        }
+    }
+
+    /// On the training thread: detach, reshape, subsample, copy, hand over.
+    fn sample(&self, name: &str, activation: &Tensor) {
+        let _guard = tch::no_grad_guard();
+        let step = self.step.load(Ordering::Relaxed);
+        let x = activation.detach();
+        let (matrix, layout) = metrics::to_matrix(&x, self.conv_layout);
+        let seed = metrics::sample_seed(&self.config.run_id, self.config.rank, step, name);
+        let sampled = metrics::sample_rows(&matrix, self.config.max_rows, seed);
+        // A copy of our own: training may modify its activation in place later.
+        let owned = sampled.copy();
+        let job = worker::job(step, name, owned, layout);
+        let queue = self.worker_queue.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = queue.as_ref().is_some_and(|q| q.try_send(job).is_ok());
+        if !sent {
+            self.worker_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn finish(&self) -> FinishReport {
+        if let Some(report) = self.report.get() {
+            return report.clone();
+        }
+        self.sampling.store(false, Ordering::Relaxed);
+        self.worker_queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut w) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            w.finish();
+        }
+        let mut final_rows = Vec::new();
+        let dropped_samples = self.worker_dropped.load(Ordering::Relaxed);
+        if dropped_samples > 0 {
+            final_rows.push(Row::Event(EventRow {
+                time: now_us(),
+                kind: "samples_dropped".into(),
+                message: "activation samples dropped: the metrics worker fell behind".into(),
+                value: Some(dropped_samples as i64),
+                step: None,
+            }));
+        }
+        let hello_rank = RankRow {
+            local_rank: self.config.local_rank,
+            node_rank: self.config.node_rank,
+            world_size: self.config.world_size,
+            hostname: hostname(),
+            pid: std::process::id(),
+            mode: self.config.mode.proto() as i32,
+            started_at: self.started_at,
+            finished_at: Some(now_us()),
+        };
+        final_rows.push(Row::Rank(hello_rank));
+        let report = self
+            .transport
+            .finish(final_rows, self.config.finish_timeout);
+        self.report.get_or_init(|| report).clone()
+    }
+
+    /// Reads RSS and allocator bytes for a step row.
+    pub(crate) fn memory(&self) -> (Option<u64>, Option<memory::DeviceBytes>) {
+        (
+            self.rss.read(),
+            self.device_index.and_then(memory::device_bytes),
+        )
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into())
+}

@@ -1,0 +1,739 @@
+//! Agent configuration: rank identity from torchrun's or SLURM's variables, the
+//! agent's own `RANKSCOPE_*` variables, and a builder. Precedence: code (the
+//! builder) > environment > default. Inconsistent values are errors that name the
+//! variable and the fix, never guesses.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK` | torchrun's rank identity | rank 0 of 1 |
+//! | `SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS`, `SLURM_NODEID` | SLURM's, used when torchrun's are absent | |
+//! | `TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID` | run id fallbacks | |
+//! | `MASTER_ADDR`, `MASTER_PORT` | last run id fallback for multi-rank jobs | |
+//! | `RANKSCOPE_COLLECTOR` | collector address | `127.0.0.1:50051` |
+//! | `RANKSCOPE_RUN_ID` | run id | see [`AgentConfig::run_id`] |
+//! | `RANKSCOPE_MODE` | `full`, `rank0`, `steps` or `off` | `full` |
+//! | `RANKSCOPE_SAMPLE_EVERY` | sample layer activations every N steps | `10` |
+//! | `RANKSCOPE_LAYERS` | comma-separated layer name patterns, `*` wildcard | all layers |
+//! | `RANKSCOPE_MAX_ROWS` | row cap of the activation matrix | `4096` |
+//! | `RANKSCOPE_CENTER` | centre columns before the spectrum (`1`/`0`) | `0` |
+//! | `RANKSCOPE_CONV_LAYOUT` | `channelwise` or `flatten` | `channelwise` |
+//! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
+
+use std::fmt;
+use std::time::Duration;
+
+pub const RANK: &str = "RANK";
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+pub const WORLD_SIZE: &str = "WORLD_SIZE";
+pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+pub const GROUP_RANK: &str = "GROUP_RANK";
+pub const MASTER_ADDR: &str = "MASTER_ADDR";
+pub const MASTER_PORT: &str = "MASTER_PORT";
+pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
+pub const SLURM_PROCID: &str = "SLURM_PROCID";
+pub const SLURM_LOCALID: &str = "SLURM_LOCALID";
+pub const SLURM_NTASKS: &str = "SLURM_NTASKS";
+pub const SLURM_NODEID: &str = "SLURM_NODEID";
+pub const SLURM_JOB_ID: &str = "SLURM_JOB_ID";
+pub const RANKSCOPE_COLLECTOR: &str = "RANKSCOPE_COLLECTOR";
+pub const RANKSCOPE_RUN_ID: &str = "RANKSCOPE_RUN_ID";
+pub const RANKSCOPE_MODE: &str = "RANKSCOPE_MODE";
+pub const RANKSCOPE_SAMPLE_EVERY: &str = "RANKSCOPE_SAMPLE_EVERY";
+pub const RANKSCOPE_LAYERS: &str = "RANKSCOPE_LAYERS";
+pub const RANKSCOPE_MAX_ROWS: &str = "RANKSCOPE_MAX_ROWS";
+pub const RANKSCOPE_CENTER: &str = "RANKSCOPE_CENTER";
+pub const RANKSCOPE_CONV_LAYOUT: &str = "RANKSCOPE_CONV_LAYOUT";
+pub const RANKSCOPE_ON_CONFIG_ERROR: &str = "RANKSCOPE_ON_CONFIG_ERROR";
+
+pub const DEFAULT_COLLECTOR: &str = "127.0.0.1:50051";
+pub const DEFAULT_SAMPLE_EVERY: u64 = 10;
+pub const DEFAULT_MAX_ROWS: usize = 4096;
+
+/// What the agent records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Every rank records everything.
+    #[default]
+    Full,
+    /// Only rank 0 records; other ranks are inert (no thread, no connection).
+    Rank0,
+    /// Every rank records steps and memory, no layer spectra.
+    Steps,
+    /// Nothing is recorded.
+    Off,
+}
+
+impl Mode {
+    pub fn parse(text: &str) -> Option<Mode> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "full" => Some(Mode::Full),
+            "rank0" => Some(Mode::Rank0),
+            "steps" => Some(Mode::Steps),
+            "off" => Some(Mode::Off),
+            _ => None,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Full => "full",
+            Mode::Rank0 => "rank0",
+            Mode::Steps => "steps",
+            Mode::Off => "off",
+        }
+    }
+
+    /// The wire value (`off` never reaches the wire).
+    pub fn proto(self) -> rankscope_proto::v1::Mode {
+        match self {
+            Mode::Full => rankscope_proto::v1::Mode::Full,
+            Mode::Rank0 => rankscope_proto::v1::Mode::Rank0,
+            Mode::Steps => rankscope_proto::v1::Mode::Steps,
+            Mode::Off => rankscope_proto::v1::Mode::Unspecified,
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// A wrong configuration, naming the variable and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{var}={value:?} is not a whole number: {hint}")]
+    NotANumber {
+        var: &'static str,
+        value: String,
+        hint: &'static str,
+    },
+    #[error("{rank_var}={rank} but {size_var}={size}: a rank must be below the world size")]
+    RankOutOfRange {
+        rank_var: &'static str,
+        rank: u32,
+        size_var: &'static str,
+        size: u32,
+    },
+    #[error("{var}=0: the world size must be at least 1")]
+    ZeroWorldSize { var: &'static str },
+    #[error("{set} is set but {missing} is not: set both (torchrun and SLURM set them together)")]
+    Incomplete {
+        set: &'static str,
+        missing: &'static str,
+    },
+    #[error("{RANKSCOPE_MODE}={0:?} is not a mode: use full, rank0, steps or off")]
+    Mode(String),
+    #[error(
+        "run id {0:?} is not allowed: use 1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit (set {RANKSCOPE_RUN_ID})"
+    )]
+    RunId(String),
+    #[error(
+        "{RANKSCOPE_SAMPLE_EVERY}=0: sample every 1 or more steps, or set {RANKSCOPE_MODE}=steps"
+    )]
+    SampleEvery,
+    #[error("{RANKSCOPE_MAX_ROWS}=0: the row cap must be at least 1")]
+    MaxRows,
+    #[error("{var}={value:?} is not a boolean: use 1/0, true/false, yes/no")]
+    Bool { var: &'static str, value: String },
+    #[error("{RANKSCOPE_CONV_LAYOUT}={0:?} is not a layout: use channelwise or flatten")]
+    ConvLayout(String),
+    #[error("{RANKSCOPE_ON_CONFIG_ERROR}={0:?}: use fail or disable")]
+    OnError(String),
+}
+
+/// Layer name patterns: comma-separated, `*` matches any run of characters.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LayerFilter {
+    patterns: Vec<String>,
+}
+
+impl LayerFilter {
+    pub fn parse(text: &str) -> LayerFilter {
+        LayerFilter {
+            patterns: text
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(String::from)
+                .collect(),
+        }
+    }
+
+    /// True for every name when there are no patterns.
+    pub fn matches(&self, name: &str) -> bool {
+        self.patterns.is_empty() || self.patterns.iter().any(|p| glob(p, name))
+    }
+
+    pub fn as_text(&self) -> String {
+        self.patterns.join(",")
+    }
+}
+
+fn glob(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for middle in &parts[1..parts.len() - 1] {
+        match rest.find(middle) {
+            Some(i) => rest = &rest[i + middle.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The agent's whole configuration, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    pub rank: u32,
+    pub local_rank: u32,
+    pub world_size: u32,
+    pub local_world_size: u32,
+    pub node_rank: u32,
+    /// `RANKSCOPE_RUN_ID`, else torchrun's `TORCHELASTIC_RUN_ID` (unless `none`),
+    /// else `slurm-<SLURM_JOB_ID>`, else `job-<MASTER_ADDR>-<MASTER_PORT>` for a
+    /// multi-rank job, else `local-<pid>` for a single process.
+    pub run_id: String,
+    pub collector: String,
+    pub mode: Mode,
+    pub sample_every: u64,
+    pub layers: LayerFilter,
+    pub max_rows: usize,
+    pub center: bool,
+    /// `channelwise` or `flatten`.
+    pub conv_layout: String,
+    /// How long `finish()` waits for the collector to acknowledge everything.
+    pub finish_timeout: Duration,
+    /// Rows the training thread may queue before rows are dropped (and counted).
+    pub queue_rows: usize,
+    /// The workload name recorded in the `runs` table.
+    pub workload: String,
+}
+
+impl AgentConfig {
+    /// Reads the process environment (see the module docs).
+    pub fn from_env() -> Result<AgentConfig, ConfigError> {
+        AgentConfigBuilder::default().build()
+    }
+
+    pub fn builder() -> AgentConfigBuilder {
+        AgentConfigBuilder::default()
+    }
+
+    /// Whether this rank records anything at all.
+    pub fn active(&self) -> bool {
+        match self.mode {
+            Mode::Off => false,
+            Mode::Rank0 => self.rank == 0,
+            Mode::Full | Mode::Steps => true,
+        }
+    }
+
+    /// Whether this rank samples layer activations.
+    pub fn samples_layers(&self) -> bool {
+        self.active() && self.mode != Mode::Steps
+    }
+}
+
+/// What to do when the configuration is wrong: fail (the default), or run with
+/// the agent disabled, an explicit choice that is logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnConfigError {
+    #[default]
+    Fail,
+    Disable,
+}
+
+/// Overrides from code; unset fields come from the environment, then defaults.
+#[derive(Debug, Clone, Default)]
+pub struct AgentConfigBuilder {
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub world_size: Option<u32>,
+    pub node_rank: Option<u32>,
+    pub run_id: Option<String>,
+    pub collector: Option<String>,
+    pub mode: Option<Mode>,
+    pub sample_every: Option<u64>,
+    pub layers: Option<String>,
+    pub max_rows: Option<usize>,
+    pub center: Option<bool>,
+    pub conv_layout: Option<String>,
+    pub finish_timeout: Option<Duration>,
+    pub queue_rows: Option<usize>,
+    pub workload: Option<String>,
+    pub on_config_error: Option<OnConfigError>,
+}
+
+macro_rules! setter {
+    ($name:ident: $ty:ty) => {
+        pub fn $name(mut self, value: impl Into<$ty>) -> Self {
+            self.$name = Some(value.into());
+            self
+        }
+    };
+}
+
+impl AgentConfigBuilder {
+    setter!(rank: u32);
+    setter!(local_rank: u32);
+    setter!(world_size: u32);
+    setter!(node_rank: u32);
+    setter!(run_id: String);
+    setter!(collector: String);
+    setter!(mode: Mode);
+    setter!(sample_every: u64);
+    setter!(layers: String);
+    setter!(max_rows: usize);
+    setter!(center: bool);
+    setter!(conv_layout: String);
+    setter!(finish_timeout: Duration);
+    setter!(queue_rows: usize);
+    setter!(workload: String);
+    setter!(on_config_error: OnConfigError);
+
+    /// Reads the process environment for whatever was not set in code.
+    pub fn build(&self) -> Result<AgentConfig, ConfigError> {
+        self.build_with(|var| std::env::var(var).ok())
+    }
+
+    /// What a wrong configuration should do: the builder's choice, else
+    /// `RANKSCOPE_ON_CONFIG_ERROR`.
+    pub fn on_error(&self) -> Result<OnConfigError, ConfigError> {
+        self.on_error_with(|var| std::env::var(var).ok())
+    }
+
+    fn on_error_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<OnConfigError, ConfigError> {
+        if let Some(choice) = self.on_config_error {
+            return Ok(choice);
+        }
+        match env(RANKSCOPE_ON_CONFIG_ERROR).as_deref().map(str::trim) {
+            None | Some("") | Some("fail") => Ok(OnConfigError::Fail),
+            Some("disable") => Ok(OnConfigError::Disable),
+            Some(other) => Err(ConfigError::OnError(other.into())),
+        }
+    }
+
+    /// [`Self::build`] with the environment given as a lookup function (tests).
+    pub fn build_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<AgentConfig, ConfigError> {
+        let env = |var: &str| env(var).filter(|v| !v.trim().is_empty());
+        let num = |var: &'static str, hint: &'static str| -> Result<Option<u32>, ConfigError> {
+            env(var)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u32>()
+                        .map_err(|_| ConfigError::NotANumber {
+                            var,
+                            value: v,
+                            hint,
+                        })
+                })
+                .transpose()
+        };
+        let rank_hint = "it is the process's rank (0, 1, ...), set by the launcher";
+        let size_hint = "it is the number of processes, set by the launcher";
+
+        // Rank identity: torchrun's variables, else SLURM's, else a single process.
+        let (rank_var, size_var) = if env(RANK).is_some() || env(WORLD_SIZE).is_some() {
+            (RANK, WORLD_SIZE)
+        } else {
+            (SLURM_PROCID, SLURM_NTASKS)
+        };
+        let torchrun = rank_var == RANK;
+        let env_rank = num(rank_var, rank_hint)?;
+        let env_size = num(size_var, size_hint)?;
+        match (env_rank, env_size) {
+            (Some(_), None) => {
+                return Err(ConfigError::Incomplete {
+                    set: rank_var,
+                    missing: size_var,
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::Incomplete {
+                    set: size_var,
+                    missing: rank_var,
+                });
+            }
+            _ => {}
+        }
+        let (local_rank_var, local_size_var, node_var) = if torchrun {
+            (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK)
+        } else {
+            (SLURM_LOCALID, "SLURM_NTASKS_PER_NODE", SLURM_NODEID)
+        };
+        let rank = self.rank.or(env_rank).unwrap_or(0);
+        let world_size = self.world_size.or(env_size).unwrap_or(1);
+        if world_size == 0 {
+            return Err(ConfigError::ZeroWorldSize { var: size_var });
+        }
+        if rank >= world_size {
+            return Err(ConfigError::RankOutOfRange {
+                rank_var,
+                rank,
+                size_var,
+                size: world_size,
+            });
+        }
+        let local_rank = self
+            .local_rank
+            .or(num(local_rank_var, rank_hint)?)
+            .unwrap_or(rank);
+        let local_world_size = if torchrun {
+            num(local_size_var, size_hint)?
+        } else {
+            None
+        }
+        .unwrap_or(world_size);
+        if local_rank >= local_world_size {
+            return Err(ConfigError::RankOutOfRange {
+                rank_var: local_rank_var,
+                rank: local_rank,
+                size_var: if torchrun { local_size_var } else { size_var },
+                size: local_world_size,
+            });
+        }
+        let node_rank = self
+            .node_rank
+            .or(num(node_var, rank_hint)?)
+            .unwrap_or(rank / local_world_size.max(1));
+
+        let run_id = match self.run_id.clone().or_else(|| env(RANKSCOPE_RUN_ID)) {
+            Some(id) => id,
+            None => default_run_id(&env, world_size),
+        };
+        if !valid_run_id(&run_id) {
+            return Err(ConfigError::RunId(run_id));
+        }
+        let mode = match self.mode {
+            Some(m) => m,
+            None => match env(RANKSCOPE_MODE) {
+                Some(text) => Mode::parse(&text).ok_or(ConfigError::Mode(text))?,
+                None => Mode::Full,
+            },
+        };
+        let sample_every = match self.sample_every {
+            Some(n) => n,
+            None => env(RANKSCOPE_SAMPLE_EVERY)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|_| ConfigError::NotANumber {
+                            var: RANKSCOPE_SAMPLE_EVERY,
+                            value: v,
+                            hint: "sample layer activations every N steps",
+                        })
+                })
+                .transpose()?
+                .unwrap_or(DEFAULT_SAMPLE_EVERY),
+        };
+        if sample_every == 0 {
+            return Err(ConfigError::SampleEvery);
+        }
+        let max_rows = match self.max_rows {
+            Some(n) => n,
+            None => num(RANKSCOPE_MAX_ROWS, "the row cap of the activation matrix")?
+                .map_or(DEFAULT_MAX_ROWS, |n| n as usize),
+        };
+        if max_rows == 0 {
+            return Err(ConfigError::MaxRows);
+        }
+        let center = match self.center {
+            Some(c) => c,
+            None => match env(RANKSCOPE_CENTER) {
+                Some(v) => parse_bool(&v).ok_or(ConfigError::Bool {
+                    var: RANKSCOPE_CENTER,
+                    value: v,
+                })?,
+                None => false,
+            },
+        };
+        let conv_layout = self
+            .conv_layout
+            .clone()
+            .or_else(|| env(RANKSCOPE_CONV_LAYOUT))
+            .unwrap_or_else(|| "channelwise".into());
+        if !matches!(conv_layout.as_str(), "channelwise" | "flatten") {
+            return Err(ConfigError::ConvLayout(conv_layout));
+        }
+        self.on_error_with(&env)?;
+        Ok(AgentConfig {
+            rank,
+            local_rank,
+            world_size,
+            local_world_size,
+            node_rank,
+            run_id,
+            collector: self
+                .collector
+                .clone()
+                .or_else(|| env(RANKSCOPE_COLLECTOR))
+                .unwrap_or_else(|| DEFAULT_COLLECTOR.into()),
+            mode,
+            sample_every,
+            layers: LayerFilter::parse(
+                &self
+                    .layers
+                    .clone()
+                    .or_else(|| env(RANKSCOPE_LAYERS))
+                    .unwrap_or_default(),
+            ),
+            max_rows,
+            center,
+            conv_layout,
+            finish_timeout: self.finish_timeout.unwrap_or(Duration::from_secs(10)),
+            queue_rows: self.queue_rows.unwrap_or(65_536),
+            workload: self.workload.clone().unwrap_or_default(),
+        })
+    }
+}
+
+fn parse_bool(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn default_run_id(env: &impl Fn(&str) -> Option<String>, world_size: u32) -> String {
+    if let Some(id) = env(TORCHELASTIC_RUN_ID).filter(|id| id != "none") {
+        return sanitize(&id);
+    }
+    if let Some(job) = env(SLURM_JOB_ID) {
+        return sanitize(&format!("slurm-{job}"));
+    }
+    if world_size > 1
+        && let (Some(addr), Some(port)) = (env(MASTER_ADDR), env(MASTER_PORT))
+    {
+        tracing::warn!(
+            "no run id given: using job-{addr}-{port}; set {RANKSCOPE_RUN_ID} to tell runs apart"
+        );
+        return sanitize(&format!("job-{addr}-{port}"));
+    }
+    format!("local-{}", std::process::id())
+}
+
+/// Replaces what a run id may not contain, so launcher-made ids always work.
+fn sanitize(id: &str) -> String {
+    let mut s: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(128)
+        .collect();
+    if !s.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        s.insert(0, 'r');
+        s.truncate(128);
+    }
+    s
+}
+
+/// The collector's run id rule, checked early so a rank fails at start-up.
+pub fn valid_run_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= rankscope_proto::MAX_RUN_ID_LEN
+        && id.as_bytes()[0].is_ascii_alphanumeric()
+        && !id.contains("..")
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn build(vars: &[(&str, &str)]) -> Result<AgentConfig, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        AgentConfig::builder().build_with(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn torchrun_slurm_and_none() {
+        // (vars, rank, local_rank, world_size, node_rank, run_id)
+        let cases: &[(&[(&str, &str)], u32, u32, u32, u32, &str)] = &[
+            (
+                &[
+                    (RANK, "5"),
+                    (LOCAL_RANK, "1"),
+                    (WORLD_SIZE, "8"),
+                    (LOCAL_WORLD_SIZE, "4"),
+                    (GROUP_RANK, "1"),
+                    (TORCHELASTIC_RUN_ID, "exp42"),
+                ],
+                5,
+                1,
+                8,
+                1,
+                "exp42",
+            ),
+            (
+                &[
+                    (SLURM_PROCID, "3"),
+                    (SLURM_LOCALID, "3"),
+                    (SLURM_NTASKS, "16"),
+                    (SLURM_NODEID, "0"),
+                    (SLURM_JOB_ID, "991"),
+                ],
+                3,
+                3,
+                16,
+                0,
+                "slurm-991",
+            ),
+            // torchrun inside a SLURM allocation: torchrun's variables win.
+            (
+                &[
+                    (RANK, "2"),
+                    (WORLD_SIZE, "4"),
+                    (LOCAL_RANK, "2"),
+                    (LOCAL_WORLD_SIZE, "4"),
+                    (SLURM_PROCID, "0"),
+                    (SLURM_NTASKS, "1"),
+                    (SLURM_JOB_ID, "7"),
+                ],
+                2,
+                2,
+                4,
+                0,
+                "slurm-7",
+            ),
+            (
+                &[
+                    (RANK, "1"),
+                    (WORLD_SIZE, "2"),
+                    (TORCHELASTIC_RUN_ID, "none"),
+                    (MASTER_ADDR, "10.0.0.1"),
+                    (MASTER_PORT, "29500"),
+                ],
+                1,
+                1,
+                2,
+                0,
+                "job-10-0-0-1-29500",
+            ),
+            (&[(RANKSCOPE_RUN_ID, "mine")], 0, 0, 1, 0, "mine"),
+        ];
+        for (vars, rank, local_rank, world_size, node_rank, run_id) in cases {
+            let c = build(vars).unwrap_or_else(|e| panic!("{vars:?}: {e}"));
+            assert_eq!(
+                (
+                    c.rank,
+                    c.local_rank,
+                    c.world_size,
+                    c.node_rank,
+                    c.run_id.as_str()
+                ),
+                (*rank, *local_rank, *world_size, *node_rank, *run_id),
+                "{vars:?}"
+            );
+        }
+        let single = build(&[]).unwrap();
+        assert_eq!((single.rank, single.world_size), (0, 1));
+        assert!(single.run_id.starts_with("local-"));
+        assert_eq!(single.mode, Mode::Full);
+        assert_eq!(single.sample_every, DEFAULT_SAMPLE_EVERY);
+    }
+
+    #[test]
+    fn inconsistent_values_name_the_variable_and_the_fix() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[(RANK, "7"), (WORLD_SIZE, "4")], "RANK=7 but WORLD_SIZE=4"),
+            (
+                &[(RANK, "two"), (WORLD_SIZE, "4")],
+                "RANK=\"two\" is not a whole number",
+            ),
+            (&[(RANK, "0")], "RANK is set but WORLD_SIZE is not"),
+            (&[(WORLD_SIZE, "0"), (RANK, "0")], "WORLD_SIZE=0"),
+            (
+                &[(SLURM_PROCID, "4"), (SLURM_NTASKS, "4")],
+                "SLURM_PROCID=4 but SLURM_NTASKS=4",
+            ),
+            (
+                &[
+                    (RANK, "1"),
+                    (WORLD_SIZE, "4"),
+                    (LOCAL_RANK, "3"),
+                    (LOCAL_WORLD_SIZE, "2"),
+                ],
+                "LOCAL_RANK=3 but LOCAL_WORLD_SIZE=2",
+            ),
+            (
+                &[(RANKSCOPE_MODE, "everything")],
+                "use full, rank0, steps or off",
+            ),
+            (&[(RANKSCOPE_SAMPLE_EVERY, "0")], "RANKSCOPE_SAMPLE_EVERY=0"),
+            (
+                &[(RANKSCOPE_SAMPLE_EVERY, "1e3")],
+                "RANKSCOPE_SAMPLE_EVERY=\"1e3\"",
+            ),
+            (
+                &[(RANKSCOPE_RUN_ID, "../../etc")],
+                "run id \"../../etc\" is not allowed",
+            ),
+            (&[(RANKSCOPE_CENTER, "maybe")], "RANKSCOPE_CENTER=\"maybe\""),
+            (
+                &[(RANKSCOPE_CONV_LAYOUT, "nchw")],
+                "use channelwise or flatten",
+            ),
+            (
+                &[(RANKSCOPE_ON_CONFIG_ERROR, "ignore")],
+                "use fail or disable",
+            ),
+        ];
+        for (vars, expected) in cases {
+            let err = build(vars).expect_err("inconsistent").to_string();
+            assert!(err.contains(expected), "{vars:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn code_overrides_env() {
+        let map: HashMap<&str, &str> =
+            HashMap::from([(RANKSCOPE_MODE, "steps"), (RANK, "1"), (WORLD_SIZE, "2")]);
+        let c = AgentConfig::builder()
+            .mode(Mode::Rank0)
+            .sample_every(3u64)
+            .build_with(|k| map.get(k).map(|v| v.to_string()))
+            .unwrap();
+        assert_eq!(c.mode, Mode::Rank0);
+        assert_eq!(c.sample_every, 3);
+        assert_eq!(c.rank, 1);
+        assert!(!c.active(), "rank0 mode leaves rank 1 inert");
+    }
+
+    #[test]
+    fn layer_patterns() {
+        let f = LayerFilter::parse("blocks.*.mlp, head");
+        assert!(f.matches("blocks.3.mlp"));
+        assert!(f.matches("head"));
+        assert!(!f.matches("blocks.3.attn"));
+        assert!(!f.matches("heads"));
+        assert!(LayerFilter::parse("").matches("anything"));
+        assert!(LayerFilter::parse("*attn*").matches("layer.attn.q"));
+    }
+}

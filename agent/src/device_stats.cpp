@@ -1,0 +1,23 @@
+// Reads libtorch's accelerator allocator statistics (tch has no binding).
+// Returns 0 and fills `out` (allocated, reserved, peak allocated bytes) on success,
+// -1 when there is no accelerator or the allocator cannot answer. Never throws.
+#include <ATen/DeviceAccelerator.h>
+#include <cstdint>
+
+extern "C" int rankscope_device_stats(int device_index, int64_t *out) {
+  try {
+    auto accel = at::accelerator::getAccelerator(false);
+    if (!accel.has_value() || at::accelerator::deviceCount() <= device_index) {
+      return -1;
+    }
+    auto stats = at::accelerator::getDeviceStats(
+        static_cast<c10::DeviceIndex>(device_index));
+    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    out[0] = stats.allocated_bytes[agg].current;
+    out[1] = stats.reserved_bytes[agg].current;
+    out[2] = stats.allocated_bytes[agg].peak;
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}

@@ -1,0 +1,108 @@
+//! Memory readings: the process's resident set, and the accelerator allocator's
+//! allocated / reserved / peak bytes (through a small C++ shim over libtorch;
+//! `None` on CPU-only hosts).
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+unsafe extern "C" {
+    fn rankscope_device_stats(device_index: i32, out: *mut i64) -> i32;
+}
+
+/// Allocator bytes of one accelerator device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceBytes {
+    pub allocated: u64,
+    pub reserved: u64,
+    pub peak: u64,
+}
+
+/// Reads the allocator statistics of `device_index`; `None` without an accelerator.
+pub fn device_bytes(device_index: i32) -> Option<DeviceBytes> {
+    let mut out = [0i64; 3];
+    // SAFETY: the shim writes exactly three i64 into `out` and catches every C++
+    // exception; it returns non-zero when there is no accelerator.
+    let rc = unsafe { rankscope_device_stats(device_index, out.as_mut_ptr()) };
+    (rc == 0).then(|| DeviceBytes {
+        allocated: out[0].max(0) as u64,
+        reserved: out[1].max(0) as u64,
+        peak: out[2].max(0) as u64,
+    })
+}
+
+/// How often the resident set is read again; steps in between reuse the value, so
+/// a step costs no system call.
+pub const RSS_REFRESH: Duration = Duration::from_millis(100);
+
+/// Reads the resident set size from `/proc/self/statm`, keeping the file open,
+/// at most every [`RSS_REFRESH`].
+#[derive(Debug)]
+pub struct RssReader {
+    state: Mutex<RssState>,
+    page_bytes: u64,
+}
+
+#[derive(Debug)]
+struct RssState {
+    file: Option<File>,
+    last: Option<(Instant, u64)>,
+}
+
+impl Default for RssReader {
+    fn default() -> Self {
+        RssReader {
+            state: Mutex::new(RssState {
+                file: File::open("/proc/self/statm").ok(),
+                last: None,
+            }),
+            page_bytes: 4096,
+        }
+    }
+}
+
+impl RssReader {
+    /// Resident bytes (at most [`RSS_REFRESH`] old), or `None` where `/proc` is
+    /// unavailable.
+    pub fn read(&self) -> Option<u64> {
+        let mut state = self.state.lock().ok()?;
+        if let Some((at, bytes)) = state.last
+            && at.elapsed() < RSS_REFRESH
+        {
+            return Some(bytes);
+        }
+        let bytes = self.read_now(state.file.as_mut()?)?;
+        state.last = Some((Instant::now(), bytes));
+        Some(bytes)
+    }
+
+    fn read_now(&self, file: &mut File) -> Option<u64> {
+        let mut buf = [0u8; 128];
+        file.seek(SeekFrom::Start(0)).ok()?;
+        let n = file.read(&mut buf).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+        Some(pages * self.page_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_is_plausible() {
+        let rss = RssReader::default().read().expect("linux has /proc");
+        assert!(rss > 1 << 20, "{rss}");
+    }
+
+    #[test]
+    fn device_bytes_degrade_on_cpu() {
+        if !tch::Cuda::is_available() {
+            assert_eq!(device_bytes(0), None);
+        } else {
+            assert!(device_bytes(0).is_some());
+        }
+    }
+}

@@ -1,0 +1,749 @@
+//! Reading and writing NumPy `.npy` files, so that `rankscope spectrum FILE.npy` can measure a
+//! matrix saved from anywhere, and tests can round-trip one.
+//!
+//! # Format (NumPy's `format.py`, versions 1.0, 2.0 and 3.0)
+//!
+//! | bytes | content |
+//! |---|---|
+//! | 6 | magic `\x93NUMPY` |
+//! | 2 | major, minor version |
+//! | 2 (v1) or 4 (v2, v3) | header length, little-endian |
+//! | header length | a Python dict literal, e.g. `{'descr': '<f8', 'fortran_order': False, 'shape': (3, 4), }`, space-padded and ending in `\n`; Latin-1 (v1, v2) or UTF-8 (v3) |
+//! | the rest | the elements, C order |
+//!
+//! # Contract
+//!
+//! - Read: any number of dimensions; element types `f4`, `f8`, `i1`, `i2`, `i4`, `i8`, `u1`,
+//!   `u2`, `u4`, `u8` and `b1`, either byte order; the result is a float64 CPU tensor of the
+//!   saved shape (64-bit integers beyond 2⁵³ lose precision). Fortran-order arrays, object
+//!   and structured dtypes, and `f2` are refused with an error that says what to do.
+//! - The header is parsed by hand and validated before any data is read: the data must be
+//!   exactly shape × item size bytes long, so a hostile or truncated file gives an error and
+//!   never a panic or an allocation larger than the file (times 8 for one-byte types).
+//! - Write: any real tensor, converted to float64, as `'<f8'` version 1.0 (2.0 only if the
+//!   header would not fit), with the header padded to a multiple of 64 bytes as NumPy does.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use tch::{Device, Kind, TchError, Tensor};
+
+const MAGIC: &[u8; 6] = b"\x93NUMPY";
+/// Far above any real header (NumPy itself refuses more than 10 000 bytes by default).
+const MAX_HEADER_BYTES: u64 = 1 << 20;
+/// NumPy's own limit on the number of dimensions.
+const MAX_DIMS: usize = 64;
+
+/// What can go wrong reading or writing a `.npy` file; every message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum NpyError {
+    #[error("cannot read {}: {source}", .path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("cannot write {}: {source}", .path.display())]
+    Write { path: PathBuf, source: io::Error },
+    #[error("{} is not a .npy file (it does not start with \\x93NUMPY): save the array with numpy.save", .path.display())]
+    BadMagic { path: PathBuf },
+    #[error("{} uses .npy format version {major}.{minor}; versions 1.0, 2.0 and 3.0 are supported", .path.display())]
+    Version { path: PathBuf, major: u8, minor: u8 },
+    #[error("{} has a malformed .npy header: {reason}", .path.display())]
+    Header { path: PathBuf, reason: String },
+    #[error(
+        "{} holds dtype {descr}, which is not supported: save a numeric array, e.g. a.astype(numpy.float64)",
+        .path.display()
+    )]
+    Dtype { path: PathBuf, descr: String },
+    #[error(
+        "{} is stored in Fortran order: save it with numpy.save(path, numpy.ascontiguousarray(a))",
+        .path.display()
+    )]
+    FortranOrder { path: PathBuf },
+    #[error("{} declares shape {shape:?}, which is too large to be a real array", .path.display())]
+    TooLarge { path: PathBuf, shape: Vec<u64> },
+    #[error(
+        "{} is truncated or corrupt: shape {shape:?} of {descr} needs {expected} data bytes but the file holds {actual}",
+        .path.display()
+    )]
+    Length {
+        path: PathBuf,
+        shape: Vec<u64>,
+        descr: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("{}: libtorch failed on the tensor: {source}", .path.display())]
+    Tensor { path: PathBuf, source: TchError },
+}
+
+/// Reads a `.npy` file into a float64 CPU tensor of the saved shape (see the module contract).
+pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
+    let read_err = |source| NpyError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let header_err = |reason: &str| NpyError::Header {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    };
+    let mut file = File::open(path).map_err(read_err)?;
+    let file_len = file.metadata().map_err(read_err)?.len();
+
+    let mut preamble = [0u8; 8];
+    let got = read_up_to(&mut file, &mut preamble).map_err(read_err)?;
+    if got < MAGIC.len() || &preamble[..MAGIC.len()] != MAGIC {
+        return Err(NpyError::BadMagic {
+            path: path.to_path_buf(),
+        });
+    }
+    if got < preamble.len() {
+        return Err(header_err("the file ends inside the preamble"));
+    }
+    let (major, minor) = (preamble[6], preamble[7]);
+    let len_bytes = match (major, minor) {
+        (1, 0) => 2,
+        (2, 0) | (3, 0) => 4,
+        _ => {
+            return Err(NpyError::Version {
+                path: path.to_path_buf(),
+                major,
+                minor,
+            });
+        }
+    };
+    let mut len_field = [0u8; 4];
+    if read_up_to(&mut file, &mut len_field[..len_bytes]).map_err(read_err)? < len_bytes {
+        return Err(header_err("the file ends inside the header length"));
+    }
+    let header_len = u64::from(u32::from_le_bytes(len_field));
+    let data_start = 8 + len_bytes as u64 + header_len;
+    if header_len > MAX_HEADER_BYTES {
+        return Err(header_err(&format!(
+            "header length {header_len} is implausibly large"
+        )));
+    }
+    if data_start > file_len {
+        return Err(header_err(&format!(
+            "the header says it is {header_len} bytes but the file ends before it does"
+        )));
+    }
+    let mut raw = vec![0u8; header_len as usize];
+    file.read_exact(&mut raw).map_err(read_err)?;
+    let text = if major == 3 {
+        String::from_utf8(raw).map_err(|_| header_err("a version 3.0 header must be UTF-8"))?
+    } else {
+        raw.iter().map(|&b| char::from(b)).collect()
+    };
+    let header = parse_header(&text).map_err(|reason| header_err(&reason))?;
+    if header.fortran_order {
+        return Err(NpyError::FortranOrder {
+            path: path.to_path_buf(),
+        });
+    }
+    let dtype = Dtype::parse(&header.descr).ok_or_else(|| NpyError::Dtype {
+        path: path.to_path_buf(),
+        descr: header.descr.clone(),
+    })?;
+
+    let too_large = || NpyError::TooLarge {
+        path: path.to_path_buf(),
+        shape: header.shape.clone(),
+    };
+    if header.shape.len() > MAX_DIMS {
+        return Err(too_large());
+    }
+    let count = header
+        .shape
+        .iter()
+        .try_fold(1u64, |acc, &dim| acc.checked_mul(dim))
+        .filter(|&count| i64::try_from(count).is_ok())
+        .ok_or_else(too_large)?;
+    let expected = count.checked_mul(dtype.size as u64).ok_or_else(too_large)?;
+    let actual = file_len - data_start;
+    if expected != actual {
+        return Err(NpyError::Length {
+            path: path.to_path_buf(),
+            shape: header.shape.clone(),
+            descr: header.descr.clone(),
+            expected,
+            actual,
+        });
+    }
+    // `expected` equals the bytes on disk, so this allocation is bounded by the file.
+    let mut data = vec![0u8; expected as usize];
+    file.read_exact(&mut data).map_err(read_err)?;
+    let values = dtype.decode(&data);
+    let shape: Vec<i64> = header.shape.iter().map(|&d| d as i64).collect();
+    Tensor::f_from_slice(&values)
+        .and_then(|t| t.f_reshape(shape.as_slice()))
+        .map_err(|source| NpyError::Tensor {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Writes a tensor as a `'<f8'` `.npy` file that `numpy.load` reads back; any real kind is
+/// converted to float64 and any device's data is copied to the host.
+pub fn write_npy(path: &Path, tensor: &Tensor) -> Result<(), NpyError> {
+    let tensor_err = |source| NpyError::Tensor {
+        path: path.to_path_buf(),
+        source,
+    };
+    if !tensor.defined() {
+        return Err(tensor_err(TchError::Convert(
+            "the tensor is undefined".to_string(),
+        )));
+    }
+    let shape = tensor.size();
+    let flat = tensor
+        .f_to_device(Device::Cpu)
+        .and_then(|t| t.f_to_kind(Kind::Double))
+        .and_then(|t| t.f_reshape([-1]))
+        .and_then(|t| Vec::<f64>::try_from(&t))
+        .map_err(tensor_err)?;
+
+    let dims: Vec<String> = shape.iter().map(i64::to_string).collect();
+    let tuple = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header = format!("{{'descr': '<f8', 'fortran_order': False, 'shape': {tuple}, }}");
+    let (version, len_bytes) = if header.len() + 11 <= usize::from(u16::MAX) {
+        (1u8, 2)
+    } else {
+        (2u8, 4)
+    };
+    // Pad with spaces so that the data starts on a 64-byte boundary, then end with '\n'.
+    let unpadded = MAGIC.len() + 2 + len_bytes + header.len() + 1;
+    header.push_str(&" ".repeat((64 - unpadded % 64) % 64));
+    header.push('\n');
+
+    let write_err = |source| NpyError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut out = BufWriter::new(File::create(path).map_err(write_err)?);
+    let mut write = || -> io::Result<()> {
+        out.write_all(MAGIC)?;
+        out.write_all(&[version, 0])?;
+        if version == 1 {
+            out.write_all(&(header.len() as u16).to_le_bytes())?;
+        } else {
+            out.write_all(&(header.len() as u32).to_le_bytes())?;
+        }
+        out.write_all(header.as_bytes())?;
+        for value in &flat {
+            out.write_all(&value.to_le_bytes())?;
+        }
+        out.flush()
+    };
+    write().map_err(write_err)
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read.
+fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// The three keys of a `.npy` header.
+#[derive(Debug, PartialEq)]
+struct Header {
+    descr: String,
+    fortran_order: bool,
+    shape: Vec<u64>,
+}
+
+#[derive(Debug)]
+enum Value {
+    Str(String),
+    Bool(bool),
+    Tuple(Vec<u64>),
+}
+
+/// Parses the header dict: string keys, values that are strings, `True`/`False` or tuples of
+/// non-negative integers (a trailing `L`, written by Python 2, is accepted); unknown keys are
+/// ignored. Returns the reason on failure.
+fn parse_header(text: &str) -> Result<Header, String> {
+    let mut p = Parser {
+        s: text.as_bytes(),
+        pos: 0,
+    };
+    let (mut descr, mut fortran_order, mut shape) = (None, None, None);
+    p.expect(b'{')?;
+    loop {
+        p.skip_ws();
+        if p.eat(b'}') {
+            break;
+        }
+        let key = p.string()?;
+        p.skip_ws();
+        p.expect(b':')?;
+        p.skip_ws();
+        let value = p.value()?;
+        match (key.as_str(), value) {
+            ("descr", Value::Str(s)) => descr = Some(s),
+            ("fortran_order", Value::Bool(b)) => fortran_order = Some(b),
+            ("shape", Value::Tuple(t)) => shape = Some(t),
+            ("descr" | "fortran_order" | "shape", v) => {
+                return Err(format!("unexpected value {v:?} for '{key}'"));
+            }
+            _ => {}
+        }
+        p.skip_ws();
+        if !p.eat(b',') {
+            p.skip_ws();
+            p.expect(b'}')?;
+            break;
+        }
+    }
+    p.skip_ws();
+    if p.pos != p.s.len() {
+        return Err(format!("unexpected text after the dict at byte {}", p.pos));
+    }
+    Ok(Header {
+        descr: descr.ok_or("the 'descr' key is missing")?,
+        fortran_order: fortran_order.ok_or("the 'fortran_order' key is missing")?,
+        shape: shape.ok_or("the 'shape' key is missing")?,
+    })
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.pos).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while self.peek().is_some_and(|c| c.is_ascii_whitespace()) {
+            self.pos += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        let hit = self.peek() == Some(c);
+        if hit {
+            self.pos += 1;
+        }
+        hit
+    }
+
+    fn expect(&mut self, c: u8) -> Result<(), String> {
+        if self.eat(c) {
+            Ok(())
+        } else {
+            Err(format!("expected '{}' at byte {}", char::from(c), self.pos))
+        }
+    }
+
+    /// A quoted string without escapes (dtype strings and keys never contain any).
+    fn string(&mut self) -> Result<String, String> {
+        let quote = match self.peek() {
+            Some(q @ (b'\'' | b'"')) => q,
+            _ => return Err(format!("expected a quoted string at byte {}", self.pos)),
+        };
+        self.pos += 1;
+        let start = self.pos;
+        while let Some(c) = self.peek() {
+            if c == b'\\' {
+                return Err(format!(
+                    "escape sequences are not supported (byte {})",
+                    self.pos
+                ));
+            }
+            if c == quote {
+                let s = String::from_utf8_lossy(&self.s[start..self.pos]).into_owned();
+                self.pos += 1;
+                return Ok(s);
+            }
+            self.pos += 1;
+        }
+        Err("unterminated string".to_string())
+    }
+
+    fn value(&mut self) -> Result<Value, String> {
+        match self.peek() {
+            Some(b'\'' | b'"') => self.string().map(Value::Str),
+            Some(b'(') => self.tuple().map(Value::Tuple),
+            Some(b'[') => Err("structured dtypes (a list as 'descr') are not supported: save a plain numeric array".into()),
+            _ if self.s[self.pos..].starts_with(b"True") => {
+                self.pos += 4;
+                Ok(Value::Bool(true))
+            }
+            _ if self.s[self.pos..].starts_with(b"False") => {
+                self.pos += 5;
+                Ok(Value::Bool(false))
+            }
+            _ => Err(format!("unsupported value at byte {}", self.pos)),
+        }
+    }
+
+    fn tuple(&mut self) -> Result<Vec<u64>, String> {
+        self.expect(b'(')?;
+        let mut items = Vec::new();
+        loop {
+            self.skip_ws();
+            if self.eat(b')') {
+                return Ok(items);
+            }
+            let start = self.pos;
+            while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+                self.pos += 1;
+            }
+            let digits = std::str::from_utf8(&self.s[start..self.pos]).unwrap_or_default();
+            let dim = digits
+                .parse::<u64>()
+                .map_err(|_| format!("expected a non-negative dimension at byte {start}"))?;
+            items.push(dim);
+            self.eat(b'L');
+            self.skip_ws();
+            if !self.eat(b',') {
+                self.skip_ws();
+                self.expect(b')')?;
+                return Ok(items);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Elem {
+    F4,
+    F8,
+    I1,
+    I2,
+    I4,
+    I8,
+    U1,
+    U2,
+    U4,
+    U8,
+    B1,
+}
+
+/// An element type and its byte order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Dtype {
+    elem: Elem,
+    size: usize,
+    little: bool,
+}
+
+impl Dtype {
+    /// `'<f8'`, `'>i4'`, `'|u1'`, `'=f4'` …; `None` for anything unsupported.
+    fn parse(descr: &str) -> Option<Dtype> {
+        let (order, code) = descr.split_at_checked(1)?;
+        let (elem, size) = match code {
+            "f4" => (Elem::F4, 4),
+            "f8" => (Elem::F8, 8),
+            "i1" => (Elem::I1, 1),
+            "i2" => (Elem::I2, 2),
+            "i4" => (Elem::I4, 4),
+            "i8" => (Elem::I8, 8),
+            "u1" => (Elem::U1, 1),
+            "u2" => (Elem::U2, 2),
+            "u4" => (Elem::U4, 4),
+            "u8" => (Elem::U8, 8),
+            "b1" => (Elem::B1, 1),
+            _ => return None,
+        };
+        let little = match order {
+            "<" => true,
+            ">" => false,
+            "=" => cfg!(target_endian = "little"),
+            "|" if size == 1 => true,
+            _ => return None,
+        };
+        Some(Dtype { elem, size, little })
+    }
+
+    /// Decodes `data` (a whole number of elements, checked by the caller) to float64.
+    fn decode(self, data: &[u8]) -> Vec<f64> {
+        fn conv<const N: usize>(data: &[u8], little: bool, f: impl Fn([u8; N]) -> f64) -> Vec<f64> {
+            data.chunks_exact(N)
+                .map(|chunk| {
+                    let mut bytes = [0u8; N];
+                    bytes.copy_from_slice(chunk);
+                    if !little {
+                        bytes.reverse();
+                    }
+                    f(bytes)
+                })
+                .collect()
+        }
+        let le = self.little;
+        match self.elem {
+            Elem::F4 => conv(data, le, |b| f64::from(f32::from_le_bytes(b))),
+            Elem::F8 => conv(data, le, f64::from_le_bytes),
+            Elem::I1 => conv(data, le, |b| f64::from(i8::from_le_bytes(b))),
+            Elem::I2 => conv(data, le, |b| f64::from(i16::from_le_bytes(b))),
+            Elem::I4 => conv(data, le, |b| f64::from(i32::from_le_bytes(b))),
+            Elem::I8 => conv(data, le, |b| i64::from_le_bytes(b) as f64),
+            Elem::U1 => conv(data, le, |b: [u8; 1]| f64::from(b[0])),
+            Elem::U2 => conv(data, le, |b| f64::from(u16::from_le_bytes(b))),
+            Elem::U4 => conv(data, le, |b| f64::from(u32::from_le_bytes(b))),
+            Elem::U8 => conv(data, le, |b| u64::from_le_bytes(b) as f64),
+            Elem::B1 => conv(data, le, |b: [u8; 1]| if b[0] != 0 { 1.0 } else { 0.0 }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `.npy` file built byte by byte, independently of [`write_npy`].
+    fn npy_bytes(version: u8, header: &str, data: &[u8]) -> Vec<u8> {
+        let len_bytes = if version == 1 { 2 } else { 4 };
+        let mut header = header.to_string();
+        while !(MAGIC.len() + 2 + len_bytes + header.len() + 1).is_multiple_of(64) {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut out = MAGIC.to_vec();
+        out.extend([version, 0]);
+        if version == 1 {
+            out.extend((header.len() as u16).to_le_bytes());
+        } else {
+            out.extend((header.len() as u32).to_le_bytes());
+        }
+        out.extend(header.as_bytes());
+        out.extend(data);
+        out
+    }
+
+    fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    fn values(t: &Tensor) -> Vec<f64> {
+        Vec::<f64>::try_from(&t.reshape([-1])).unwrap()
+    }
+
+    #[test]
+    fn round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        for shape in [vec![3i64, 4], vec![2, 3, 4], vec![5], vec![], vec![0, 3]] {
+            let numel: i64 = shape.iter().product();
+            let t = (Tensor::arange(numel, (Kind::Double, Device::Cpu)) * 0.5 - 1.25)
+                .reshape(shape.as_slice());
+            let path = dir.path().join("m.npy");
+            write_npy(&path, &t).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(
+                (bytes.len() - 8 * numel as usize) % 64,
+                0,
+                "data aligned to 64 bytes"
+            );
+            let back = read_npy(&path).unwrap();
+            assert_eq!(back.kind(), Kind::Double);
+            assert_eq!(back.size(), shape);
+            assert_eq!(values(&back), values(&t));
+        }
+        // Other kinds are written as float64.
+        let path = dir.path().join("f.npy");
+        write_npy(&path, &Tensor::from_slice(&[1.5f32, -2.0])).unwrap();
+        assert_eq!(values(&read_npy(&path).unwrap()), [1.5, -2.0]);
+    }
+
+    #[test]
+    fn reads_a_hand_built_f4_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let floats = [1.0f32, -2.5, 3.25, 0.0, 1e-3, 7.0];
+        let data: Vec<u8> = floats.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let path = write_file(
+            &dir,
+            "f4.npy",
+            &npy_bytes(
+                1,
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                &data,
+            ),
+        );
+        let t = read_npy(&path).unwrap();
+        assert_eq!(t.size(), [2, 3]);
+        assert_eq!(values(&t), floats.map(f64::from));
+    }
+
+    #[test]
+    fn reads_other_dtypes_versions_and_byte_orders() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases: Vec<(u8, &str, Vec<u8>, Vec<f64>)> = vec![
+            (
+                2,
+                "{'descr': '<i8', 'fortran_order': False, 'shape': (3,)}",
+                [-1i64, 0, 1 << 40]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                vec![-1.0, 0.0, (1u64 << 40) as f64],
+            ),
+            (
+                3,
+                "{\"descr\": \"<i4\", \"fortran_order\": False, \"shape\": (2L, 1L), }",
+                [-7i32, 9].iter().flat_map(|v| v.to_le_bytes()).collect(),
+                vec![-7.0, 9.0],
+            ),
+            (
+                1,
+                "{'descr': '|u1', 'fortran_order': False, 'shape': (2,), }",
+                vec![0, 255],
+                vec![0.0, 255.0],
+            ),
+            (
+                1,
+                "{'descr': '|b1', 'fortran_order': False, 'shape': (2,), }",
+                vec![1, 0],
+                vec![1.0, 0.0],
+            ),
+            (
+                1,
+                "{'descr': '>f8', 'fortran_order': False, 'shape': (2,), }",
+                [0.5f64, -3.0]
+                    .iter()
+                    .flat_map(|v| v.to_be_bytes())
+                    .collect(),
+                vec![0.5, -3.0],
+            ),
+            (
+                1,
+                "{'shape': (), 'fortran_order': False, 'descr': '<f8'}",
+                4.0f64.to_le_bytes().to_vec(),
+                vec![4.0],
+            ),
+        ];
+        for (version, header, data, expected) in cases {
+            let path = write_file(&dir, "x.npy", &npy_bytes(version, header, &data));
+            let t = read_npy(&path).unwrap_or_else(|e| panic!("{header}: {e}"));
+            assert_eq!(values(&t), expected, "{header}");
+        }
+    }
+
+    #[test]
+    fn truncated_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = vec![0u8; 8 * 12];
+        let full = npy_bytes(
+            1,
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (3, 4), }",
+            &data,
+        );
+        let path = write_file(&dir, "short.npy", &full[..full.len() - 5]);
+        let err = read_npy(&path).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                NpyError::Length {
+                    expected: 96,
+                    actual: 91,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("short.npy"), "{err}");
+        // Cut inside the header.
+        let path = write_file(&dir, "header.npy", &full[..20]);
+        assert!(matches!(read_npy(&path), Err(NpyError::Header { .. })));
+        // Cut inside the preamble.
+        let path = write_file(&dir, "preamble.npy", &full[..7]);
+        assert!(matches!(read_npy(&path), Err(NpyError::Header { .. })));
+        // Trailing bytes are as wrong as missing ones.
+        let mut long = full.clone();
+        long.push(0);
+        let path = write_file(&dir, "long.npy", &long);
+        assert!(matches!(read_npy(&path), Err(NpyError::Length { .. })));
+    }
+
+    #[test]
+    fn fortran_order_is_refused_with_advice() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = npy_bytes(
+            1,
+            "{'descr': '<f8', 'fortran_order': True, 'shape': (2, 2), }",
+            &[0u8; 32],
+        );
+        let err = read_npy(&write_file(&dir, "f.npy", &bytes)).unwrap_err();
+        assert!(matches!(err, NpyError::FortranOrder { .. }));
+        assert!(err.to_string().contains("ascontiguousarray"), "{err}");
+    }
+
+    #[test]
+    fn bad_magic_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in [
+            ("csv.npy", b"1,2,3\n4,5,6\n".as_slice()),
+            ("empty.npy", b"".as_slice()),
+        ] {
+            let err = read_npy(&write_file(&dir, name, bytes)).unwrap_err();
+            assert!(matches!(err, NpyError::BadMagic { .. }), "{err}");
+            assert!(err.to_string().contains(name), "{err}");
+        }
+        let err = read_npy(&dir.path().join("missing.npy")).unwrap_err();
+        assert!(matches!(err, NpyError::Read { .. }), "{err}");
+    }
+
+    #[test]
+    fn hostile_headers_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            // Overflowing element count.
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4294967296), }",
+            // Huge but representable: refused by the length check, before any allocation.
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (1099511627776,), }",
+            "{'descr': '<f2', 'fortran_order': False, 'shape': (2,), }",
+            "{'descr': '|O', 'fortran_order': False, 'shape': (2,), }",
+            "{'descr': [('a', '<f8')], 'fortran_order': False, 'shape': (2,), }",
+            "{'descr': '<f8', 'shape': (2,), }",
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (-2,), }",
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), } trailing",
+            "{'descr': '<f8', 'fortran_order': maybe, 'shape': (2,), }",
+            "not a dict",
+        ];
+        for header in cases {
+            let path = write_file(&dir, "h.npy", &npy_bytes(1, header, &[0u8; 16]));
+            let err = read_npy(&path).expect_err(header);
+            assert!(
+                matches!(
+                    err,
+                    NpyError::TooLarge { .. }
+                        | NpyError::Length { .. }
+                        | NpyError::Dtype { .. }
+                        | NpyError::Header { .. }
+                ),
+                "{header}: {err}"
+            );
+        }
+        let mut bytes = npy_bytes(
+            1,
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }",
+            &[0u8; 16],
+        );
+        bytes[6] = 4;
+        let err = read_npy(&write_file(&dir, "v.npy", &bytes)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                NpyError::Version {
+                    major: 4,
+                    minor: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! The static model profile, recorded once per rank as `model` rows: per layer its
+//! kind, parameters, parameter / gradient / optimizer-state bytes, and forward
+//! FLOPs for one batch as METRICS.md counts them (a multiply-add is 2 FLOPs):
+//!
+//! - Linear: 2 · rows · in · out
+//! - Conv2d: 2 · B · H_out · W_out · k_h · k_w · (C_in / groups) · C_out
+//! - self-attention: 4 · 2 · B · T · d² (projections) + 2 · 2 · B · T² · d (scores
+//!   and weighted sum)
+//!
+//! Shapes come from one forward pass run under [`Agent::profile_model`]: tapped
+//! layers record their output shape, and parameters are grouped under the tap
+//! whose name prefixes their VarStore path.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use rankscope_proto::v1::ModelRow;
+use tch::nn::VarStore;
+
+use crate::Row;
+use crate::agent::{Agent, ObservedShape};
+
+/// The optimizer, for its state bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Optimizer {
+    /// Adam and AdamW: two moments, 2× the parameters.
+    Adam,
+    /// SGD with momentum: 1× the parameters.
+    SgdMomentum,
+    /// Plain SGD: no state.
+    Sgd,
+}
+
+impl Optimizer {
+    fn state_factor(self) -> u64 {
+        match self {
+            Optimizer::Adam => 2,
+            Optimizer::SgdMomentum => 1,
+            Optimizer::Sgd => 0,
+        }
+    }
+}
+
+impl Agent {
+    /// Runs `forward` once (no gradients) to see layer shapes, then sends one `model`
+    /// row per layer. Returns the rows (also for inert agents, so callers can print).
+    pub fn profile_model(
+        &self,
+        vs: &VarStore,
+        optimizer: Optimizer,
+        forward: impl FnOnce(),
+    ) -> Vec<ModelRow> {
+        let shapes = match self.inner() {
+            Some(inner) => {
+                inner.profiling.store(true, Ordering::Relaxed);
+                {
+                    let _guard = tch::no_grad_guard();
+                    forward();
+                }
+                inner.profiling.store(false, Ordering::Relaxed);
+                std::mem::take(&mut *inner.shapes.lock().unwrap_or_else(|e| e.into_inner()))
+            }
+            None => Vec::new(),
+        };
+        let rows = model_rows(vs, optimizer, &shapes);
+        if let Some(inner) = self.inner() {
+            for row in &rows {
+                inner.transport.send(Row::Model(row.clone()));
+            }
+        }
+        rows
+    }
+}
+
+/// Groups the VarStore's variables into layers and counts them.
+pub(crate) fn model_rows(
+    vs: &VarStore,
+    optimizer: Optimizer,
+    shapes: &[ObservedShape],
+) -> Vec<ModelRow> {
+    let mut layers: BTreeMap<String, Vec<(String, tch::Tensor)>> = BTreeMap::new();
+    for (path, tensor) in vs.variables() {
+        let layer = shapes
+            .iter()
+            .filter(|s| path.starts_with(&format!("{}.", s.name)))
+            .max_by_key(|s| s.name.len())
+            .map(|s| s.name.clone())
+            .unwrap_or_else(|| {
+                path.rsplit_once('.')
+                    .map_or(path.clone(), |(p, _)| p.to_string())
+            });
+        layers.entry(layer).or_default().push((path, tensor));
+    }
+    // Forward order for tapped layers, then the rest by name.
+    let mut order: Vec<String> = shapes
+        .iter()
+        .map(|s| s.name.clone())
+        .filter(|n| layers.contains_key(n))
+        .collect();
+    order.extend(
+        layers
+            .keys()
+            .filter(|k| !order.contains(k))
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    order
+        .into_iter()
+        .map(|layer| {
+            let vars = &layers[&layer];
+            let params: u64 = vars.iter().map(|(_, t)| t.numel() as u64).sum();
+            let param_bytes: u64 = vars.iter().map(|(_, t)| bytes(t)).sum();
+            let grad_bytes: u64 = vars
+                .iter()
+                .filter(|(_, t)| t.requires_grad())
+                .map(|(_, t)| bytes(t))
+                .sum();
+            let shape = shapes.iter().find(|s| s.name == layer);
+            let weight = vars
+                .iter()
+                .find(|(p, _)| p.ends_with(".weight") || p.ends_with(".ws"))
+                .map(|(_, t)| t.size());
+            let (kind, forward_flops) = classify(shape, weight.as_deref());
+            ModelRow {
+                layer,
+                kind: kind.into(),
+                params,
+                param_bytes,
+                grad_bytes,
+                optimizer_bytes: optimizer.state_factor() * grad_bytes,
+                forward_flops,
+                output_shape: shape.map(|s| format!("{:?}", s.output)).unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+fn bytes(t: &tch::Tensor) -> u64 {
+    t.numel() as u64 * t.kind().elt_size_in_bytes() as u64
+}
+
+/// The layer kind and its forward FLOPs for the observed batch (0 when unknown).
+fn classify(shape: Option<&ObservedShape>, weight: Option<&[i64]>) -> (&'static str, u64) {
+    let out = shape.map(|s| s.output.as_slice()).unwrap_or(&[]);
+    let numel = |dims: &[i64]| dims.iter().product::<i64>().max(0) as u64;
+    if shape.and_then(|s| s.kind) == Some("attention") {
+        if let [b, t, d] = *out {
+            let (b, t, d) = (b as u64, t as u64, d as u64);
+            return ("attention", 4 * 2 * b * t * d * d + 2 * 2 * b * t * t * d);
+        }
+        return ("attention", 0);
+    }
+    match weight {
+        Some(&[out_f, in_f]) => {
+            let rows = if out.last() == Some(&out_f) {
+                numel(out) / out_f.max(1) as u64
+            } else {
+                0
+            };
+            ("linear", 2 * rows * in_f as u64 * out_f as u64)
+        }
+        Some(&[_c_out, c_in_per_group, kh, kw]) => {
+            ("conv2d", 2 * numel(out) * (c_in_per_group * kh * kw) as u64)
+        }
+        Some(_) => ("other", 0),
+        None => ("other", 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::nn;
+
+    #[test]
+    fn flops_and_bytes_follow_metrics_md() {
+        let vs = VarStore::new(tch::Device::Cpu);
+        let _fc = nn::linear(vs.root() / "fc", 5, 64, Default::default());
+        let _conv = nn::conv2d(vs.root() / "conv", 3, 8, 3, Default::default());
+        let shapes = vec![
+            ObservedShape {
+                name: "fc".into(),
+                kind: None,
+                output: vec![32, 64],
+            },
+            ObservedShape {
+                name: "conv".into(),
+                kind: None,
+                output: vec![4, 8, 30, 30],
+            },
+        ];
+        let rows = model_rows(&vs, Optimizer::Adam, &shapes);
+        let fc = &rows[0];
+        assert_eq!((fc.layer.as_str(), fc.kind.as_str()), ("fc", "linear"));
+        assert_eq!(fc.params, 5 * 64 + 64);
+        assert_eq!(fc.param_bytes, 4 * fc.params);
+        assert_eq!(fc.optimizer_bytes, 2 * fc.param_bytes);
+        assert_eq!(fc.forward_flops, 2 * 32 * 5 * 64);
+        let conv = &rows[1];
+        assert_eq!(conv.kind, "conv2d");
+        assert_eq!(conv.forward_flops, 2 * 4 * 30 * 30 * 3 * 3 * 3 * 8);
+        let attn = ObservedShape {
+            name: "a".into(),
+            kind: Some("attention"),
+            output: vec![2, 16, 32],
+        };
+        assert_eq!(
+            classify(Some(&attn), None).1,
+            4 * 2 * 2 * 16 * 32 * 32 + 2 * 2 * 2 * 16 * 16 * 32
+        );
+    }
+}

@@ -1,0 +1,50 @@
+//! [`Tap`]: wraps any `nn::Module` so its output is observed, since tch has no
+//! forward hooks. It fits into `nn::seq()` like the module it wraps.
+
+use tch::Tensor;
+use tch::nn::Module;
+
+use crate::agent::Agent;
+
+/// A module whose output is observed under `name`.
+#[derive(Debug)]
+pub struct Tap<M> {
+    agent: Agent,
+    name: String,
+    inner: M,
+    /// Decided once, at creation: the layer filter and the mode.
+    enabled: bool,
+    /// A hint for the model profile (`attention`), else `None`.
+    kind: Option<&'static str>,
+}
+
+impl<M: Module> Tap<M> {
+    pub(crate) fn new(agent: Agent, name: &str, inner: M, kind: Option<&'static str>) -> Tap<M> {
+        let enabled = agent.is_active();
+        Tap {
+            agent,
+            name: name.to_string(),
+            inner,
+            enabled,
+            kind,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+}
+
+impl<M: Module> Module for Tap<M> {
+    fn forward(&self, xs: &Tensor) -> Tensor {
+        let ys = self.inner.forward(xs);
+        if self.enabled {
+            self.agent.observe_kind(&self.name, self.kind, &ys);
+        }
+        ys
+    }
+}

@@ -1,0 +1,118 @@
+//! The metrics worker: a thread that turns sampled activations into `layers` rows,
+//! so the spectra never run on the training thread.
+//!
+//! The training thread hands over a detached, subsampled copy through a bounded
+//! queue (`try_send`): when the worker falls behind, the sample is dropped and
+//! counted, and the training thread goes on.
+
+use std::sync::Arc;
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use rankscope_proto::v1::{EventRow, LayerRow};
+use tch::Tensor;
+
+use crate::metrics::{self, MatrixOptions};
+use crate::transport::Transport;
+use crate::{Row, now_us};
+
+/// One sampled activation, already a (rows ≤ max_rows) × cols matrix.
+pub struct Job {
+    pub step: u64,
+    pub layer: String,
+    pub matrix: Tensor,
+    pub conv_layout: &'static str,
+    pub time: i64,
+}
+
+/// The worker thread and its queue.
+#[derive(Debug)]
+pub struct Worker {
+    queue: Option<SyncSender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    pub fn start(
+        transport: Arc<Transport>,
+        options: MatrixOptions,
+        capacity: usize,
+    ) -> std::io::Result<Worker> {
+        let (tx, rx) = sync_channel::<Job>(capacity.max(1));
+        let thread = std::thread::Builder::new()
+            .name("rankscope-metrics".into())
+            .spawn(move || {
+                let _guard = tch::no_grad_guard();
+                for job in rx {
+                    let started = Instant::now();
+                    let m = metrics::compute(&job.matrix, &options, 0);
+                    let compute_ms = started.elapsed().as_secs_f64() * 1e3;
+                    if m.nonfinite > 0 {
+                        transport.send(Row::Event(EventRow {
+                            time: job.time,
+                            kind: "nonfinite_activation".into(),
+                            message: format!("layer {} has NaN or Inf values", job.layer),
+                            value: Some(m.nonfinite as i64),
+                            step: Some(job.step),
+                        }));
+                    }
+                    transport.send(Row::Layer(LayerRow {
+                        step: job.step,
+                        time: job.time,
+                        layer: job.layer,
+                        rows: m.rows,
+                        cols: m.cols,
+                        centered: m.centered,
+                        stable_rank: m.stable_rank,
+                        participation_ratio: m.participation_ratio,
+                        participation_ratio_sv: m.participation_ratio_sv,
+                        cum_energy_90: m.cum_energy_90,
+                        nuclear_norm_ratio: m.nuclear_norm_ratio,
+                        effective_rank: m.effective_rank,
+                        mean: m.mean,
+                        std: m.std,
+                        zero_fraction: m.zero_fraction,
+                        nonfinite: m.nonfinite,
+                        compute_ms,
+                        conv_layout: job.conv_layout.to_string(),
+                    }));
+                }
+            })?;
+        Ok(Worker {
+            queue: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// A handle to the queue; the training thread hands jobs over with `try_send`
+    /// and counts what does not fit.
+    pub fn sender(&self) -> Option<SyncSender<Job>> {
+        self.queue.clone()
+    }
+
+    /// Finishes the queued jobs and stops the thread (once every sender is dropped).
+    pub fn finish(&mut self) {
+        self.queue = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Time-stamps a job now.
+pub fn job(step: u64, layer: &str, matrix: Tensor, conv_layout: &'static str) -> Job {
+    Job {
+        step,
+        layer: layer.to_string(),
+        matrix,
+        conv_layout,
+        time: now_us(),
+    }
+}

@@ -1,0 +1,97 @@
+//! `rankscope demo`: an embedded collector, 4 ranks of `rankscope train` launched
+//! the torchrun way, then the run's summary and where its Parquet files are.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+
+use crate::launch;
+
+/// Train 4 ranks into an embedded collector and summarise the run.
+#[derive(clap::Args, Clone, Debug)]
+#[command(after_help = "Examples:
+  rankscope demo
+  rankscope demo --model transformer --steps 300 --nproc-per-node 2")]
+pub struct Args {
+    /// Output directory of the embedded collector.
+    #[arg(long, default_value = "rankscope-out")]
+    pub out: PathBuf,
+    /// Ranks to launch.
+    #[arg(long, default_value_t = 4)]
+    pub nproc_per_node: u32,
+    /// mlp, cnn or transformer.
+    #[arg(long, default_value = "mlp")]
+    pub model: String,
+    #[arg(long, default_value_t = 300)]
+    pub steps: u64,
+    #[arg(long, default_value_t = 10)]
+    pub sample_every: u64,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .context("cannot listen on 127.0.0.1")?;
+    let addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut config = rankscope_collector::CollectorConfig::new(&args.out);
+    config.max_file_age = std::time::Duration::from_secs(2);
+    let collector = runtime.spawn(rankscope_collector::serve(listener, config, async {
+        let _ = stop_rx.await;
+    }));
+    println!(
+        "embedded collector on {addr}, writing {}",
+        args.out.display()
+    );
+
+    let run_id = launch::fresh_run_id();
+    let exe = std::env::current_exe().context("locating the rankscope binary")?;
+    let launch_args = launch::Args {
+        nproc_per_node: args.nproc_per_node,
+        nnodes: 1,
+        node_rank: 0,
+        master_addr: "127.0.0.1".into(),
+        master_port: 29500,
+        run_id: Some(run_id.clone()),
+        command: vec![
+            exe.display().to_string(),
+            "train".into(),
+            "--model".into(),
+            args.model.clone(),
+            "--steps".into(),
+            args.steps.to_string(),
+            "--sample-every".into(),
+            args.sample_every.to_string(),
+            "--device".into(),
+            "cpu".into(),
+        ],
+    };
+    println!(
+        "launching {} ranks of `rankscope train --model {}` (run {run_id})",
+        args.nproc_per_node, args.model
+    );
+    let statuses = launch::launch(&launch_args, &[("RANKSCOPE_COLLECTOR", addr.to_string())])?;
+    let _ = stop_tx.send(());
+    let summary = runtime
+        .block_on(collector)
+        .context("collector task")?
+        .context("embedded collector failed")?;
+    if statuses.iter().any(|s| !s.success()) {
+        bail!("some ranks failed: {statuses:?}");
+    }
+    println!(
+        "collector: {} rows in {} files, {} duplicate batches dropped\n",
+        summary.rows, summary.files, summary.duplicates
+    );
+    print!("{}", crate::summary::summarise(&args.out, &run_id)?);
+    let out = args.out.display();
+    println!(
+        "\nParquet files: {out}/<table>/run_id={run_id}/*.parquet (tables: runs, ranks, steps, layers, model, events)"
+    );
+    println!("explore them with DuckDB (installed in .venv/bin by `make setup`):");
+    println!(
+        "  duckdb -c \"select layer, step, avg(stable_rank) sr, avg(effective_rank) er from read_parquet('{out}/layers/*/*.parquet', hive_partitioning=true) where run_id='{run_id}' group by all order by layer, step\""
+    );
+    Ok(())
+}

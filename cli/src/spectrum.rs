@@ -1,0 +1,84 @@
+//! `rankscope spectrum`: the metrics of a saved matrix, for activations dumped
+//! with `numpy.save` and analysed offline. Same definitions as the agent.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use rankscope_agent::metrics::{self, ConvLayout, MatrixOptions};
+
+/// Compute the dimensionality metrics of a .npy file.
+#[derive(clap::Args, Clone, Debug)]
+#[command(after_help = "Examples:
+  rankscope spectrum activations.npy
+  rankscope spectrum conv_out.npy --conv-layout flatten --center --json")]
+pub struct Args {
+    /// A NumPy .npy file (float32/float64/int, C order, any rank: reshaped as the agent does).
+    pub file: PathBuf,
+    /// Subtract column means first.
+    #[arg(long)]
+    pub center: bool,
+    /// channelwise or flatten, for 4-D (B, C, H, W) arrays.
+    #[arg(long, default_value = "channelwise")]
+    pub conv_layout: String,
+    /// Row cap (rows beyond it are sampled with a fixed seed).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_rows: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let conv_layout = ConvLayout::parse(&args.conv_layout).with_context(|| {
+        format!(
+            "--conv-layout {:?}: use channelwise or flatten",
+            args.conv_layout
+        )
+    })?;
+    if args.max_rows == 0 {
+        anyhow::bail!("--max-rows 0: the row cap must be at least 1");
+    }
+    let tensor = rankscope_agent::npy::read_npy(&args.file)?;
+    let options = MatrixOptions {
+        max_rows: args.max_rows,
+        center: args.center,
+        conv_layout,
+    };
+    let m = metrics::compute(&tensor, &options, 0);
+    let fields: Vec<(&str, serde_json::Value)> = vec![
+        ("file", args.file.display().to_string().into()),
+        ("shape", tensor.size().into()),
+        ("rows", m.rows.into()),
+        ("cols", m.cols.into()),
+        ("centered", m.centered.into()),
+        ("conv_layout", m.conv_layout.into()),
+        ("stable_rank", m.stable_rank.into()),
+        ("participation_ratio", m.participation_ratio.into()),
+        ("participation_ratio_sv", m.participation_ratio_sv.into()),
+        ("cum_energy_90", m.cum_energy_90.into()),
+        ("nuclear_norm_ratio", m.nuclear_norm_ratio.into()),
+        ("effective_rank", m.effective_rank.into()),
+        ("mean", m.mean.into()),
+        ("std", m.std.into()),
+        ("zero_fraction", m.zero_fraction.into()),
+        ("nonfinite", m.nonfinite.into()),
+    ];
+    if args.json {
+        let map: serde_json::Map<String, serde_json::Value> = fields
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        println!("{}", serde_json::Value::Object(map));
+    } else {
+        for (k, v) in fields {
+            let shown = match &v {
+                serde_json::Value::Null => "null (non-finite input)".to_string(),
+                serde_json::Value::String(s) if s.is_empty() => "-".to_string(),
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            println!("{k:<24} {shown}");
+        }
+    }
+    Ok(())
+}
