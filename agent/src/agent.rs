@@ -291,11 +291,16 @@ impl Inner {
         let _guard = tch::no_grad_guard();
         let step = self.step.load(Ordering::Relaxed);
         let x = activation.detach();
-        let (matrix, layout) = metrics::to_matrix(&x, self.conv_layout);
         let seed = metrics::sample_seed(&self.config.run_id, self.config.rank, step, name);
-        let sampled = metrics::sample_rows(&matrix, self.config.max_rows, seed);
         // A copy of our own: training may modify its activation in place later.
-        let owned = sampled.copy();
+        let prepared = metrics::try_to_matrix(&x, self.conv_layout).and_then(|(matrix, layout)| {
+            let sampled = metrics::try_sample_rows(&matrix, self.config.max_rows, seed)?;
+            Ok((sampled.f_detach_copy()?, layout))
+        });
+        let Ok((owned, layout)) = prepared else {
+            self.worker_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
         let job = worker::job(step, name, owned, layout);
         let queue = self.worker_queue.lock().unwrap_or_else(|e| e.into_inner());
         let sent = queue.as_ref().is_some_and(|q| q.try_send(job).is_ok());

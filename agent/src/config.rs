@@ -470,7 +470,7 @@ impl AgentConfigBuilder {
         if !matches!(conv_layout.as_str(), "channelwise" | "flatten") {
             return Err(ConfigError::ConvLayout(conv_layout));
         }
-        self.on_error_with(&env)?;
+        self.on_error_with(env)?;
         Ok(AgentConfig {
             rank,
             local_rank,
@@ -575,7 +575,8 @@ mod tests {
     #[test]
     fn torchrun_slurm_and_none() {
         // (vars, rank, local_rank, world_size, node_rank, run_id)
-        let cases: &[(&[(&str, &str)], u32, u32, u32, u32, &str)] = &[
+        type Case<'a> = (&'a [(&'a str, &'a str)], u32, u32, u32, u32, &'a str);
+        let cases: &[Case] = &[
             (
                 &[
                     (RANK, "5"),

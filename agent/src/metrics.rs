@@ -157,12 +157,14 @@ const CUM_ENERGY_REL_TOL: f64 = 1e-12;
 /// # Panics
 ///
 /// Only if libtorch itself fails (out of memory while copying a permuted tensor); [`compute`]
-/// uses a fallible path and never panics.
+/// uses the fallible [`try_to_matrix`] and never panics.
 pub fn to_matrix(activation: &Tensor, layout: ConvLayout) -> (Tensor, &'static str) {
     try_to_matrix(activation, layout).expect("reshaping to a matrix with the same element count")
 }
 
-fn try_to_matrix(
+/// [`to_matrix`] that reports a libtorch failure instead of panicking, for callers that
+/// must never panic (the training thread).
+pub fn try_to_matrix(
     activation: &Tensor,
     layout: ConvLayout,
 ) -> Result<(Tensor, &'static str), TchError> {
@@ -219,12 +221,14 @@ pub fn sample_seed(run_id: &str, rank: u32, step: u64, layer: &str) -> u64 {
 ///
 /// # Panics
 ///
-/// Only if libtorch itself fails (out of memory); [`compute`] uses a fallible path.
+/// Only if libtorch itself fails (out of memory); [`compute`] uses the fallible
+/// [`try_sample_rows`].
 pub fn sample_rows(matrix: &Tensor, max_rows: usize, seed: u64) -> Tensor {
     try_sample_rows(matrix, max_rows, seed).expect("selecting valid row indices")
 }
 
-fn try_sample_rows(matrix: &Tensor, max_rows: usize, seed: u64) -> Result<Tensor, TchError> {
+/// [`sample_rows`] that reports a libtorch failure instead of panicking.
+pub fn try_sample_rows(matrix: &Tensor, max_rows: usize, seed: u64) -> Result<Tensor, TchError> {
     if !matrix.defined() || matrix.dim() == 0 {
         return Ok(matrix.shallow_clone());
     }

@@ -40,7 +40,8 @@ impl<'a> StepGuard<'a> {
         if let Some(inner) = agent.inner() {
             inner.step.store(step, Ordering::Relaxed);
             inner.overhead_ns.store(0, Ordering::Relaxed);
-            let sampled = inner.config.samples_layers() && step % inner.config.sample_every == 0;
+            let sampled =
+                inner.config.samples_layers() && step.is_multiple_of(inner.config.sample_every);
             inner.sampling.store(sampled, Ordering::Relaxed);
         }
         StepGuard {

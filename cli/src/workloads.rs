@@ -73,10 +73,21 @@ pub fn build(workload: Workload, root: &nn::Path, agent: &Agent) -> nn::Sequenti
             let attn = Attention::new(&(root / "attn"));
             let ln1 = nn::layer_norm(root / "ln1", vec![D_MODEL], Default::default());
             let ln2 = nn::layer_norm(root / "ln2", vec![D_MODEL], Default::default());
+            let mlp_path = root / "mlp";
             let mlp = nn::seq()
-                .add(lin("mlp.fc", D_MODEL, 4 * D_MODEL))
+                .add(nn::linear(
+                    &mlp_path / "fc",
+                    D_MODEL,
+                    4 * D_MODEL,
+                    Default::default(),
+                ))
                 .add_fn(|x| x.gelu("none"))
-                .add(lin("mlp.proj", 4 * D_MODEL, D_MODEL));
+                .add(nn::linear(
+                    &mlp_path / "proj",
+                    4 * D_MODEL,
+                    D_MODEL,
+                    Default::default(),
+                ));
             let block = Block {
                 attn: agent.tap_attention("attn", attn),
                 mlp: agent.tap("mlp", mlp),
@@ -169,8 +180,8 @@ pub fn loss(workload: Workload, prediction: &Tensor, target: &Tensor) -> Tensor 
         Workload::Mlp => prediction.mse_loss(target, tch::Reduction::Mean),
         Workload::Cnn => prediction.cross_entropy_for_logits(target),
         Workload::Transformer => prediction
-            .view([-1, VOCAB])
-            .cross_entropy_for_logits(&target.view([-1])),
+            .reshape([-1, VOCAB])
+            .cross_entropy_for_logits(&target.reshape([-1])),
     }
 }
 
