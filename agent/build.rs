@@ -4,9 +4,6 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=src/device_stats.cpp");
-    if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
-        return;
-    }
     #[cfg(feature = "torch")]
     torch::build();
 }
