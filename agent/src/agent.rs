@@ -46,8 +46,10 @@ pub(crate) struct ObservedShape {
     pub output: Vec<i64>,
 }
 
-/// Sampled activations waiting for the metrics worker, at most.
-const WORKER_QUEUE: usize = 256;
+/// Sampled activations waiting for the metrics worker, at most. Samples stay on
+/// the activation's device while queued, so this bounds the extra device memory
+/// to `WORKER_QUEUE × max_rows × cols` elements.
+const WORKER_QUEUE: usize = 16;
 
 /// The agent of one rank. Cheap to clone (an `Arc`); `Send + Sync`.
 #[derive(Clone, Debug, Default)]
@@ -145,11 +147,12 @@ impl Agent {
         Tap::new(self.clone(), name, module, Some("attention"))
     }
 
-    /// Whether activations of `name` are sampled at all.
+    /// Whether activations of `name` are sampled at all. Names the collector would
+    /// refuse (over 256 bytes, control characters) never are.
     pub fn wants_layer(&self, name: &str) -> bool {
-        self.inner
-            .as_ref()
-            .is_some_and(|i| i.config.samples_layers() && i.config.layers.matches(name))
+        self.inner.as_ref().is_some_and(|i| {
+            i.config.samples_layers() && i.config.layers.matches(name) && valid_label(name)
+        })
     }
 
     /// Begins step `step`; the guard records the step row when dropped.
@@ -180,12 +183,14 @@ impl Agent {
     }
 
     /// Records an event row (`kind`, a message, an optional value).
+    /// `kind` and `message` are cut to the collector's limits (256 and 4096 bytes)
+    /// and control characters replaced, so an event can never be refused.
     pub fn event(&self, kind: &str, message: &str, value: Option<i64>) {
         if let Some(inner) = &self.inner {
             inner.transport.send(Row::Event(EventRow {
                 time: now_us(),
-                kind: kind.into(),
-                message: message.into(),
+                kind: clean_label(kind, MAX_LABEL_BYTES),
+                message: clean_label(message, 4096),
                 value,
                 step: Some(inner.step.load(Ordering::Relaxed)),
             }));
@@ -222,14 +227,15 @@ impl Inner {
         };
         let mut tc = TransportConfig::new(&config.collector);
         tc.queue_rows = config.queue_rows;
+        tc.token = config.token.clone();
         let transport = Arc::new(Transport::start(tc, hello)?);
         if config.rank == 0 {
             transport.send(Row::Run(RunRow {
                 started_at,
                 world_size: config.world_size,
                 mode: config.mode.proto() as i32,
-                sample_every: config.sample_every as u32,
-                max_rows: config.max_rows as u32,
+                sample_every: u32::try_from(config.sample_every).unwrap_or(u32::MAX),
+                max_rows: u32::try_from(config.max_rows).unwrap_or(u32::MAX),
                 centered: config.center,
                 layer_filter: config.layers.as_text(),
                 agent_version: env!("CARGO_PKG_VERSION").into(),
@@ -356,6 +362,26 @@ impl Inner {
             self.device_index.and_then(memory::device_bytes),
         )
     }
+}
+
+/// The collector's limit on layer names and other labels.
+pub const MAX_LABEL_BYTES: usize = 256;
+
+/// Whether the collector accepts `name` as a label.
+pub fn valid_label(name: &str) -> bool {
+    name.len() <= MAX_LABEL_BYTES && !name.chars().any(char::is_control)
+}
+
+/// `text` with control characters replaced and cut to `max` bytes.
+fn clean_label(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for c in text.chars().map(|c| if c.is_control() { ' ' } else { c }) {
+        if out.len() + c.len_utf8() > max {
+            break;
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn hostname() -> String {

@@ -18,6 +18,7 @@
 //! | `RANKSCOPE_CENTER` | centre columns before the spectrum (`1`/`0`) | `0` |
 //! | `RANKSCOPE_CONV_LAYOUT` | `channelwise` or `flatten` | `channelwise` |
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
+//! | `RANKSCOPE_TOKEN` | bearer token the collector requires (`--token-file`) | none |
 
 use std::fmt;
 use std::time::Duration;
@@ -44,6 +45,7 @@ pub const RANKSCOPE_MAX_ROWS: &str = "RANKSCOPE_MAX_ROWS";
 pub const RANKSCOPE_CENTER: &str = "RANKSCOPE_CENTER";
 pub const RANKSCOPE_CONV_LAYOUT: &str = "RANKSCOPE_CONV_LAYOUT";
 pub const RANKSCOPE_ON_CONFIG_ERROR: &str = "RANKSCOPE_ON_CONFIG_ERROR";
+pub const RANKSCOPE_TOKEN: &str = "RANKSCOPE_TOKEN";
 
 pub const DEFAULT_COLLECTOR: &str = "127.0.0.1:50051";
 pub const DEFAULT_SAMPLE_EVERY: u64 = 10;
@@ -216,6 +218,8 @@ pub struct AgentConfig {
     pub queue_rows: usize,
     /// The workload name recorded in the `runs` table.
     pub workload: String,
+    /// Bearer token for the collector.
+    pub token: Option<String>,
 }
 
 impl AgentConfig {
@@ -270,6 +274,7 @@ pub struct AgentConfigBuilder {
     pub finish_timeout: Option<Duration>,
     pub queue_rows: Option<usize>,
     pub workload: Option<String>,
+    pub token: Option<String>,
     pub on_config_error: Option<OnConfigError>,
 }
 
@@ -298,6 +303,7 @@ impl AgentConfigBuilder {
     setter!(finish_timeout: Duration);
     setter!(queue_rows: usize);
     setter!(workload: String);
+    setter!(token: String);
     setter!(on_config_error: OnConfigError);
 
     /// Reads the process environment for whatever was not set in code.
@@ -498,6 +504,7 @@ impl AgentConfigBuilder {
             finish_timeout: self.finish_timeout.unwrap_or(Duration::from_secs(10)),
             queue_rows: self.queue_rows.unwrap_or(65_536),
             workload: self.workload.clone().unwrap_or_default(),
+            token: self.token.clone().or_else(|| env(RANKSCOPE_TOKEN)),
         })
     }
 }
@@ -541,8 +548,12 @@ fn sanitize(id: &str) -> String {
         })
         .take(128)
         .collect();
-    if !s.starts_with(|c: char| c.is_ascii_alphanumeric()) {
-        s.insert(0, 'r');
+    // Not a leading separator, no `..`, and not all digits (DuckDB would read an
+    // all-digit `run_id=` partition as a number).
+    s = s.replace("..", "-");
+    if !s.starts_with(|c: char| c.is_ascii_alphanumeric()) || s.bytes().all(|b| b.is_ascii_digit())
+    {
+        s.insert_str(0, "run-");
         s.truncate(128);
     }
     s
@@ -635,7 +646,7 @@ mod tests {
                 1,
                 2,
                 0,
-                "job-10-0-0-1-29500",
+                "job-10.0.0.1-29500",
             ),
             (&[(RANKSCOPE_RUN_ID, "mine")], 0, 0, 1, 0, "mine"),
         ];

@@ -36,12 +36,12 @@ pub fn device_bytes(device_index: i32) -> Option<DeviceBytes> {
 /// a step costs no system call.
 pub const RSS_REFRESH: Duration = Duration::from_millis(100);
 
-/// Reads the resident set size from `/proc/self/statm`, keeping the file open,
+/// Reads the resident set size (`VmRSS` of `/proc/self/status`, whatever the page
+/// size), keeping the file open,
 /// at most every [`RSS_REFRESH`].
 #[derive(Debug)]
 pub struct RssReader {
     state: Mutex<RssState>,
-    page_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -54,10 +54,9 @@ impl Default for RssReader {
     fn default() -> Self {
         RssReader {
             state: Mutex::new(RssState {
-                file: File::open("/proc/self/statm").ok(),
+                file: File::open("/proc/self/status").ok(),
                 last: None,
             }),
-            page_bytes: 4096,
         }
     }
 }
@@ -78,12 +77,13 @@ impl RssReader {
     }
 
     fn read_now(&self, file: &mut File) -> Option<u64> {
-        let mut buf = [0u8; 128];
+        let mut buf = [0u8; 4096];
         file.seek(SeekFrom::Start(0)).ok()?;
         let n = file.read(&mut buf).ok()?;
         let text = std::str::from_utf8(&buf[..n]).ok()?;
-        let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
-        Some(pages * self.page_bytes)
+        let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
     }
 }
 

@@ -65,6 +65,17 @@ impl Outbox {
         }
     }
 
+    /// Renumbers every held batch to follow `durable_seq`: the collector already
+    /// holds that many batches of this (run, rank) from an earlier process.
+    pub fn renumber_after(&mut self, durable_seq: u64) {
+        let mut next = durable_seq + 1;
+        for e in &mut self.entries {
+            e.batch.seq = next;
+            next += 1;
+        }
+        self.next_seq = next;
+    }
+
     /// Forgets every batch up to `durable_seq`.
     pub fn acknowledge(&mut self, durable_seq: u64) {
         while self
@@ -141,6 +152,19 @@ mod tests {
         o.acknowledge(3);
         assert!(o.is_empty());
         assert_eq!(o.acked_rows(), 6);
+    }
+
+    #[test]
+    fn renumbering_follows_an_earlier_incarnation() {
+        let mut o = Outbox::new(usize::MAX);
+        o.push(batch(1));
+        o.push(batch(1));
+        o.renumber_after(40);
+        o.push(batch(1));
+        o.acknowledge(40);
+        assert_eq!(o.unacked_rows(), 3);
+        let seqs: Vec<u64> = std::iter::from_fn(|| o.next_unsent().map(|b| b.seq)).collect();
+        assert_eq!(seqs, [41, 42, 43]);
     }
 
     #[test]

@@ -116,11 +116,14 @@ pub(crate) fn model_rows(
                 .map(|(_, t)| bytes(t))
                 .sum();
             let shape = shapes.iter().find(|s| s.name == layer);
-            let weight = vars
+            let mut weights: Vec<(String, Vec<i64>)> = vars
                 .iter()
-                .find(|(p, _)| p.ends_with(".weight") || p.ends_with(".ws"))
-                .map(|(_, t)| t.size());
-            let (kind, forward_flops) = classify(shape, weight.as_deref());
+                .filter(|(p, _)| p.ends_with(".weight") || p.ends_with(".ws"))
+                .map(|(p, t)| (p.clone(), t.size()))
+                .collect();
+            weights.sort();
+            let weights: Vec<Vec<i64>> = weights.into_iter().map(|(_, w)| w).collect();
+            let (kind, forward_flops) = classify(shape, &weights);
             ModelRow {
                 layer,
                 kind: kind.into(),
@@ -140,7 +143,10 @@ fn bytes(t: &tch::Tensor) -> u64 {
 }
 
 /// The layer kind and its forward FLOPs for the observed batch (0 when unknown).
-fn classify(shape: Option<&ObservedShape>, weight: Option<&[i64]>) -> (&'static str, u64) {
+/// A tap around several linear layers (an MLP block) sums them, all applied to
+/// the same rows; an embedding (weight `(vocab, d)`, output last dim `d`) is a
+/// lookup with no FLOPs.
+fn classify(shape: Option<&ObservedShape>, weights: &[Vec<i64>]) -> (&'static str, u64) {
     let out = shape.map(|s| s.output.as_slice()).unwrap_or(&[]);
     let numel = |dims: &[i64]| dims.iter().product::<i64>().max(0) as u64;
     if shape.and_then(|s| s.kind) == Some("attention") {
@@ -150,20 +156,24 @@ fn classify(shape: Option<&ObservedShape>, weight: Option<&[i64]>) -> (&'static 
         }
         return ("attention", 0);
     }
-    match weight {
-        Some(&[out_f, in_f]) => {
-            let rows = if out.last() == Some(&out_f) {
-                numel(out) / out_f.max(1) as u64
+    let last = out.last().copied().unwrap_or(0);
+    match weights {
+        [w] if w.len() == 2 && last == w[1] && last != w[0] => ("embedding", 0),
+        [w] if w.len() == 4 => {
+            let (c_in_per_group, kh, kw) = (w[1], w[2], w[3]);
+            ("conv2d", 2 * numel(out) * (c_in_per_group * kh * kw) as u64)
+        }
+        ws if !ws.is_empty() && ws.iter().all(|w| w.len() == 2) => {
+            let rows = if last > 0 {
+                numel(out) / last as u64
             } else {
                 0
             };
-            ("linear", 2 * rows * in_f as u64 * out_f as u64)
+            let flops = ws.iter().map(|w| 2 * rows * (w[0] * w[1]) as u64).sum();
+            (if ws.len() == 1 { "linear" } else { "mlp" }, flops)
         }
-        Some(&[_c_out, c_in_per_group, kh, kw]) => {
-            ("conv2d", 2 * numel(out) * (c_in_per_group * kh * kw) as u64)
-        }
-        Some(_) => ("other", 0),
-        None => ("other", 0),
+        [] => ("other", 0),
+        _ => ("other", 0),
     }
 }
 

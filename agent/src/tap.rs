@@ -12,7 +12,7 @@ pub struct Tap<M> {
     agent: Agent,
     name: String,
     inner: M,
-    /// Decided once, at creation: the layer filter and the mode.
+    /// Decided once, at creation: whether the agent records at all.
     enabled: bool,
     /// A hint for the model profile (`attention`), else `None`.
     kind: Option<&'static str>,
@@ -20,6 +20,14 @@ pub struct Tap<M> {
 
 impl<M: Module> Tap<M> {
     pub(crate) fn new(agent: Agent, name: &str, inner: M, kind: Option<&'static str>) -> Tap<M> {
+        if agent.is_active() && !crate::agent::valid_label(name) {
+            tracing::warn!(
+                name = %name.escape_debug(),
+                "layer name has control characters or is over 256 bytes: this tap records nothing"
+            );
+        }
+        // The layer filter is applied on sampled steps (Agent::wants_layer); shapes
+        // for the model profile are recorded for every tapped layer.
         let enabled = agent.is_active();
         Tap {
             agent,

@@ -47,6 +47,8 @@ pub struct TransportConfig {
     pub max_message_bytes: usize,
     /// Longest wait between reconnection attempts.
     pub max_backoff: Duration,
+    /// Bearer token sent with every stream (`RANKSCOPE_TOKEN`).
+    pub token: Option<String>,
 }
 
 impl TransportConfig {
@@ -59,6 +61,7 @@ impl TransportConfig {
             outbox_bytes: 256 * 1024 * 1024,
             max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
             max_backoff: Duration::from_secs(5),
+            token: None,
         }
     }
 }
@@ -227,6 +230,7 @@ struct Worker {
     current_since: Option<Instant>,
     dropped_reported: u64,
     connected_once: bool,
+    warned_refusal: bool,
     backoff: Duration,
     next_attempt: Instant,
 }
@@ -243,6 +247,7 @@ impl Worker {
             current_since: None,
             dropped_reported: 0,
             connected_once: false,
+            warned_refusal: false,
             backoff: Duration::ZERO,
             next_attempt: Instant::now(),
         }
@@ -336,6 +341,7 @@ impl Worker {
             Ok(conn) => {
                 self.backoff = Duration::ZERO;
                 self.connected_once = true;
+                self.warned_refusal = false;
                 Some(conn)
             }
             Err(why) => self.disconnected(&why),
@@ -361,15 +367,32 @@ impl Worker {
             kind: Some(AgentKind::Hello(self.hello.clone())),
         };
         out.send(hello).await.map_err(|e| e.to_string())?;
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        if let Some(token) = &self.config.token {
+            let value = format!("Bearer {token}").parse().map_err(|_| {
+                "RANKSCOPE_TOKEN holds characters not allowed in a header".to_string()
+            })?;
+            request.metadata_mut().insert("authorization", value);
+        }
         let response = client
-            .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .stream(request)
             .await
-            .map_err(|status| status.message().to_string())?;
+            .map_err(|status| format!("{:?}: {}", status.code(), status.message()))?;
         let mut inbound = response.into_inner();
         match inbound.message().await {
             Ok(Some(rankscope_proto::v1::CollectorMessage {
                 kind: Some(CollectorKind::Welcome(welcome)),
             })) => {
+                if !self.connected_once && welcome.durable_seq > 0 {
+                    // An earlier process of this (run, rank) left data behind:
+                    // number ours after it instead of colliding with its seqs.
+                    tracing::info!(
+                        rank = self.hello.rank,
+                        durable_seq = welcome.durable_seq,
+                        "continuing after an earlier incarnation of this rank"
+                    );
+                    self.outbox.renumber_after(welcome.durable_seq);
+                }
                 self.outbox.acknowledge(welcome.durable_seq);
                 self.outbox.rewind();
                 tracing::debug!(
@@ -397,7 +420,7 @@ impl Worker {
             }
             Ok(Some(_)) => Ok(()),
             Ok(None) => Err("collector closed the stream".into()),
-            Err(status) => Err(format!("{}: {}", status.code(), status.message())),
+            Err(status) => Err(format!("{:?}: {}", status.code(), status.message())),
         }
     }
 
@@ -411,6 +434,22 @@ impl Worker {
 
     /// Forgets the connection and schedules the next attempt.
     fn disconnected(&mut self, why: &str) -> Option<Connection> {
+        let refused = [
+            "Unauthenticated",
+            "InvalidArgument",
+            "FailedPrecondition",
+            "PermissionDenied",
+        ]
+        .iter()
+        .any(|code| why.starts_with(code));
+        if refused && !self.warned_refusal {
+            self.warned_refusal = true;
+            tracing::error!(
+                rank = self.hello.rank,
+                why,
+                "collector refused this rank's stream; retrying with backoff"
+            );
+        }
         self.backoff =
             (self.backoff * 2).clamp(Duration::from_millis(100), self.config.max_backoff);
         let jitter = rand::rng().random_range(0.5..1.0);

@@ -11,14 +11,14 @@ use rankscope_collector::CollectorConfig;
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
   rankscope collector --out ./rankscope-out
-  rankscope collector --listen 0.0.0.0:50051 --out /data/rankscope --max-file-age 30s
+  rankscope collector --listen 0.0.0.0:50051 --out /data/rankscope --token-file token.txt
 
 Files appear as OUT/<table>/run_id=<run>/part-*.parquet (tables: runs, ranks, steps,
 layers, model, events). On SIGTERM or Ctrl-C the collector commits and acknowledges
 everything it accepted, then exits 0.")]
 pub struct Args {
     /// Address to listen on (port 0 picks a free port). Loopback by default:
-    /// listen on a cluster address only with auth (see deploy/).
+    /// listen on a cluster address only with --token-file (see deploy/).
     #[arg(long, default_value = "127.0.0.1:50051", env = "RANKSCOPE_LISTEN")]
     pub listen: SocketAddr,
     /// Output directory.
@@ -39,22 +39,37 @@ pub struct Args {
     /// How long a disconnected rank may stay away before it is recorded as vanished.
     #[arg(long, default_value = "30s", value_parser = crate::duration::parse)]
     pub rank_grace: Duration,
+    /// A file holding the bearer token every agent must present (RANKSCOPE_TOKEN).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
 }
 
 impl Args {
-    pub fn config(&self) -> CollectorConfig {
+    pub fn config(&self) -> anyhow::Result<CollectorConfig> {
         let mut config = CollectorConfig::new(&self.out);
         config.max_file_age = self.max_file_age;
         config.max_file_rows = self.max_file_rows.max(1);
         config.max_streams = self.max_streams;
         config.max_message_bytes = self.max_message_bytes;
         config.rank_grace = self.rank_grace;
-        config
+        if let Some(path) = &self.token_file {
+            let token = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --token-file {}", path.display()))?;
+            if token.trim().is_empty() {
+                anyhow::bail!(
+                    "--token-file {} is empty: put the shared token in it",
+                    path.display()
+                );
+            }
+            config.token = Some(token.trim().to_string());
+        }
+        Ok(config)
     }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    args.config()?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -62,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         // Tests and scripts read this line to find a port chosen with :0.
         println!("rankscope collector listening on {addr}, writing {}", args.out.display());
-        let summary = rankscope_collector::serve(listener, args.config(), shutdown_signal())
+        let summary = rankscope_collector::serve(listener, args.config()?, shutdown_signal())
             .await
             .with_context(|| format!("collector writing to {} failed", args.out.display()))?;
         println!(

@@ -36,6 +36,9 @@ pub struct Args {
     /// Pause between steps of one rank.
     #[arg(long, default_value = "0ms", value_parser = crate::duration::parse)]
     pub step_interval: Duration,
+    /// Bearer token, if the collector requires one.
+    #[arg(long, env = "RANKSCOPE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// How long each rank waits at the end for its rows to become durable.
     #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
     pub finish_timeout: Duration,
@@ -110,7 +113,9 @@ fn simulate_rank(
         schema_minor: rankscope_proto::SCHEMA_MINOR,
         started_at,
     };
-    let transport = Transport::start(TransportConfig::new(&args.collector), hello.clone())?;
+    let mut config = TransportConfig::new(&args.collector);
+    config.token = args.token.clone();
+    let transport = Transport::start(config, hello.clone())?;
     // A simulated rank produces rows far faster than a real one: it waits for room
     // in the queue instead of dropping, so the row counts stay exact.
     let send = |row: Row| {
@@ -138,7 +143,7 @@ fn simulate_rank(
     for layer in 0..args.layers {
         send(Row::Model(ModelRow {
             layer: layer_name(layer),
-            kind: "Linear".into(),
+            kind: "linear".into(),
             params: width * width + width,
             param_bytes: 4 * (width * width + width),
             grad_bytes: 4 * (width * width + width),

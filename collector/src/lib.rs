@@ -5,6 +5,7 @@
 //! It never needs libtorch: it is deployed on machines that never train.
 //!
 //! Layout:
+//! - [`auth`]: the bearer-token check on every stream;
 //! - [`validate`]: checks on everything that arrives from the network;
 //! - [`service`]: the gRPC service, one task per rank stream;
 //! - [`intake`]: accepted rows and the per-(run, rank) sequence watermarks (dedup);
@@ -13,6 +14,7 @@
 //! - [`committer`]: when buffered rows become files;
 //! - [`store`]: the output directory, atomic commits and crash recovery.
 
+pub mod auth;
 pub mod buffer;
 pub mod committer;
 pub mod intake;
@@ -30,6 +32,7 @@ use std::time::Duration;
 use rankscope_proto::v1::collector_server::CollectorServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::committer::{CommitCounters, CommitPolicy};
 use crate::intake::Intake;
@@ -55,6 +58,8 @@ pub struct CollectorConfig {
     pub max_streams: usize,
     /// How long a rank may stay disconnected before it is recorded as vanished.
     pub rank_grace: Duration,
+    /// When set, every stream must carry `authorization: Bearer <token>`.
+    pub token: Option<String>,
 }
 
 impl CollectorConfig {
@@ -69,6 +74,7 @@ impl CollectorConfig {
             max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
             max_streams: 4096,
             rank_grace: Duration::from_secs(30),
+            token: None,
         }
     }
 }
@@ -134,6 +140,7 @@ pub async fn serve(
     let server = CollectorServer::new(service)
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
+    let server = InterceptedService::new(server, auth::BearerToken::new(config.token.clone()));
     let mut drained = phase_rx;
     let shutdown = async move {
         shutdown.await;
