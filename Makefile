@@ -22,6 +22,8 @@ $(STAMP):
 	  (command -v sudo >/dev/null && sudo apt-get install -y python3-venv || apt-get install -y python3-venv); }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) duckdb-cli==$(DUCKDB_VERSION)
+	@# A fixed path to libtorch, whatever the python version (see .cargo/config.toml).
+	ln -sfn "$$($(VENV)/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')" $(VENV)/libtorch
 	@touch $@
 
 setup: $(STAMP) ## create the venv (torch, torchrun, duckdb)
@@ -40,8 +42,8 @@ lint: setup ## rustfmt and clippy, as CI wants them
 fmt:
 	cargo fmt --all
 
-bench: setup ## overhead benchmarks; results go to BENCHMARKS.md
-	cargo run --release -p rankscope -- bench
+bench: setup ## overhead benchmarks, printed and saved to bench-latest.md (see BENCHMARKS.md)
+	cargo run --release -p rankscope -- bench | tee bench-latest.md
 
 collector: ## a collector-only binary, without libtorch
 	cargo build --release -p rankscope --no-default-features

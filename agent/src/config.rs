@@ -540,13 +540,13 @@ fn sanitize(id: &str) -> String {
     let mut s: String = id
         .chars()
         .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
                 c
             } else {
                 '-'
             }
         })
-        .take(128)
+        .take(124)
         .collect();
     // Not a leading separator, no `..`, and not all digits (DuckDB would read an
     // all-digit `run_id=` partition as a number).

@@ -215,8 +215,21 @@ mod tests {
             output: vec![2, 16, 32],
         };
         assert_eq!(
-            classify(Some(&attn), None).1,
+            classify(Some(&attn), &[]).1,
             4 * 2 * 2 * 16 * 32 * 32 + 2 * 2 * 2 * 16 * 16 * 32
         );
+        let block = ObservedShape {
+            name: "mlp".into(),
+            kind: None,
+            output: vec![2, 16, 32],
+        };
+        let (kind, flops) = classify(Some(&block), &[vec![128, 32], vec![32, 128]]);
+        assert_eq!((kind, flops), ("mlp", 2 * 2 * (2 * 16 * 128 * 32)));
+        let embed = ObservedShape {
+            name: "e".into(),
+            kind: None,
+            output: vec![2, 16, 32],
+        };
+        assert_eq!(classify(Some(&embed), &[vec![1000, 32]]), ("embedding", 0));
     }
 }
