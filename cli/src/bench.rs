@@ -12,7 +12,7 @@ use anyhow::Context;
 use rankscope_agent::config::AgentConfig;
 use rankscope_agent::step::Phase;
 use rankscope_agent::{Agent, Mode};
-use tch::nn::{self, Module, OptimizerConfig};
+use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Tensor};
 
 use crate::workloads::{self, Workload};
@@ -101,24 +101,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             for _ in 0..args.steps_per_round {
                 let s = agent.step(step);
                 step += 1;
-                let (x, y) = {
-                    let _p = s.phase(Phase::Data);
-                    data.batch(args.batch_size)
-                };
-                let loss = {
-                    let _p = s.phase(Phase::Forward);
-                    workloads::loss(args.model, &model.forward(&x), &y)
-                };
-                {
-                    let _p = s.phase(Phase::Backward);
-                    opt.zero_grad();
-                    loss.backward();
-                }
-                {
-                    let _p = s.phase(Phase::Optimizer);
-                    opt.step();
-                }
-                s.loss(loss.double_value(&[]));
+                workloads::train_step(
+                    args.model,
+                    model,
+                    &vs,
+                    &mut opt,
+                    &mut data,
+                    args.batch_size,
+                    &s,
+                );
             }
             // The first round warms up and is not counted.
             if round > 0 {

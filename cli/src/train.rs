@@ -8,10 +8,9 @@ use std::time::Duration;
 use anyhow::Context;
 use rankscope_agent::config::{AgentConfig, OnConfigError};
 use rankscope_agent::profile::Optimizer;
-use rankscope_agent::step::Phase;
 use rankscope_agent::{Agent, Mode};
+use tch::Device;
 use tch::nn::{self, Module, OptimizerConfig};
-use tch::{Device, Kind};
 
 use crate::workloads::{self, Workload};
 
@@ -171,27 +170,15 @@ pub fn train(args: &Args, agent: &Agent) -> anyhow::Result<TrainSummary> {
     let mut final_loss = f64::NAN;
     for step in 0..args.steps {
         let s = agent.step(step);
-        let (x, y) = {
-            let _p = s.phase(Phase::Data);
-            data.batch(args.batch_size)
-        };
-        let loss = {
-            let _p = s.phase(Phase::Forward);
-            workloads::loss(args.model, &model.forward(&x), &y)
-        };
-        {
-            let _p = s.phase(Phase::Backward);
-            opt.zero_grad();
-            loss.backward();
-        }
-        let grad_norm = global_grad_norm(&vs);
-        {
-            let _p = s.phase(Phase::Optimizer);
-            opt.step();
-        }
-        final_loss = loss.double_value(&[]);
-        s.loss(final_loss);
-        s.grad_norm(grad_norm);
+        final_loss = workloads::train_step(
+            args.model,
+            &model,
+            &vs,
+            &mut opt,
+            &mut data,
+            args.batch_size,
+            &s,
+        );
         s.lr(args.lr);
         s.samples(args.batch_size as u64);
         drop(s);
@@ -208,17 +195,4 @@ pub fn train(args: &Args, agent: &Agent) -> anyhow::Result<TrainSummary> {
         final_loss,
         report,
     })
-}
-
-/// The global L2 norm of all gradients.
-fn global_grad_norm(vs: &nn::VarStore) -> f64 {
-    let _guard = tch::no_grad_guard();
-    let mut total = 0.0;
-    for v in vs.trainable_variables() {
-        let g = v.grad();
-        if g.defined() {
-            total += g.pow_tensor_scalar(2).sum(Kind::Double).double_value(&[]);
-        }
-    }
-    total.sqrt()
 }

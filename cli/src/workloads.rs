@@ -8,6 +8,7 @@
 //!   predicting the next token of noisy periodic sequences.
 
 use rankscope_agent::Agent;
+use rankscope_agent::step::{Phase, StepGuard};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
@@ -172,6 +173,53 @@ impl<A: Module, M: Module> Module for Block<A, M> {
         let xs = xs + self.attn.forward(&self.ln1.forward(xs));
         &xs + self.mlp.forward(&self.ln2.forward(&xs))
     }
+}
+
+/// One training step, timed by phase on `s`, which also gets the loss and the
+/// global gradient norm. Returns the loss.
+pub fn train_step(
+    workload: Workload,
+    model: &nn::Sequential,
+    vs: &nn::VarStore,
+    opt: &mut nn::Optimizer,
+    data: &mut Data,
+    batch_size: i64,
+    s: &StepGuard,
+) -> f64 {
+    let (x, y) = {
+        let _p = s.phase(Phase::Data);
+        data.batch(batch_size)
+    };
+    let loss = {
+        let _p = s.phase(Phase::Forward);
+        self::loss(workload, &model.forward(&x), &y)
+    };
+    {
+        let _p = s.phase(Phase::Backward);
+        opt.zero_grad();
+        loss.backward();
+    }
+    s.grad_norm(global_grad_norm(vs));
+    {
+        let _p = s.phase(Phase::Optimizer);
+        opt.step();
+    }
+    let value = loss.double_value(&[]);
+    s.loss(value);
+    value
+}
+
+/// The global L2 norm of all gradients.
+fn global_grad_norm(vs: &nn::VarStore) -> f64 {
+    let _guard = tch::no_grad_guard();
+    let mut total = 0.0;
+    for v in vs.trainable_variables() {
+        let g = v.grad();
+        if g.defined() {
+            total += g.pow_tensor_scalar(2).sum(Kind::Double).double_value(&[]);
+        }
+    }
+    total.sqrt()
 }
 
 /// The training loss of `workload` for predictions and targets.
