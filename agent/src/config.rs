@@ -422,7 +422,7 @@ impl AgentConfigBuilder {
             Some(id) => id,
             None => default_run_id(&env, world_size),
         };
-        if !valid_run_id(&run_id) {
+        if !rankscope_proto::is_valid_run_id(&run_id) {
             return Err(ConfigError::RunId(run_id));
         }
         let mode = match self.mode {
@@ -557,17 +557,6 @@ fn sanitize(id: &str) -> String {
         s.truncate(128);
     }
     s
-}
-
-/// The collector's run id rule, checked early so a rank fails at start-up.
-pub fn valid_run_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= rankscope_proto::MAX_RUN_ID_LEN
-        && id.as_bytes()[0].is_ascii_alphanumeric()
-        && !id.contains("..")
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 #[cfg(test)]

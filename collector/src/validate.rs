@@ -38,13 +38,7 @@ pub enum Invalid {
 
 /// Checks a run id before it names a folder: no separators, no `..`, bounded.
 pub fn run_id(id: &str) -> Result<(), Invalid> {
-    let ok = !id.is_empty()
-        && id.len() <= MAX_RUN_ID_LEN
-        && id.as_bytes()[0].is_ascii_alphanumeric()
-        && !id.contains("..")
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    let ok = rankscope_proto::is_valid_run_id(id);
     if ok {
         Ok(())
     } else {

@@ -32,3 +32,16 @@ impl v1::Mode {
         }
     }
 }
+
+/// The run id rule both ends apply before a run id names a folder: 1 to
+/// [`MAX_RUN_ID_LEN`] ASCII letters, digits, `.`, `_` or `-`, starting with a
+/// letter or digit, without `..`.
+pub fn is_valid_run_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_RUN_ID_LEN
+        && id.as_bytes()[0].is_ascii_alphanumeric()
+        && !id.contains("..")
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
