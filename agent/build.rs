@@ -1,9 +1,11 @@
 //! With the `torch` feature: compiles the small C++ shim that reads libtorch's
-//! accelerator allocator statistics (tch has no binding for them), and makes
+//! accelerator allocator statistics and limits a thread's intra-op parallelism
+//! (tch has no binding for either), and makes
 //! binaries that link this crate find libtorch at run time.
 
 fn main() {
     println!("cargo:rerun-if-changed=src/device_stats.cpp");
+    println!("cargo:rerun-if-changed=src/threads.cpp");
     #[cfg(feature = "torch")]
     torch::build();
 }
@@ -22,12 +24,13 @@ mod torch {
         cc::Build::new()
             .cpp(true)
             .file("src/device_stats.cpp")
+            .file("src/threads.cpp")
             .include(root.join("include"))
             .include(root.join("include/torch/csrc/api/include"))
             .flag("-std=c++17")
             .flag_if_supported("-Wno-unused-parameter")
             .flag_if_supported("-Wno-deprecated-declarations")
-            .compile("rankscope_device_stats");
+            .compile("rankscope_shim");
         // Binaries and tests of every package that links the agent find libtorch,
         // and keep libtorch_cuda so CUDA is seen on GPU hosts.
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");

@@ -10,7 +10,8 @@
 //! - with the `torch` feature: [`metrics`] (the spectral and health metrics),
 //!   [`npy`] (reading saved matrices), [`worker`] (metrics off the training
 //!   thread), [`tap`] (capturing activations), [`step`] (step and phase timing),
-//!   [`memory`] (RSS and allocator bytes), [`profile`] (the static model profile),
+//!   [`memory`] (RSS and allocator bytes), [`threads`] (intra-op threads per
+//!   thread), [`profile`] (the static model profile),
 //!   and [`agent`] (the handle training code holds).
 
 pub mod config;
@@ -32,6 +33,8 @@ pub mod profile;
 pub mod step;
 #[cfg(feature = "torch")]
 pub mod tap;
+#[cfg(feature = "torch")]
+pub mod threads;
 #[cfg(feature = "torch")]
 pub mod worker;
 

@@ -327,39 +327,28 @@ fn measure(
 
     let x = matrix.f_to_kind(Kind::Double)?;
     let numel = x.numel() as u64;
-    let finite = x.f_isfinite()?;
-    // One device → host transfer for all the health numbers.
+    // One pass each for Σx, ‖x‖ and the zeros, one device → host transfer for all
+    // three. A NaN or ±Inf anywhere makes Σx non-finite (in float64 the sum of finite
+    // float32 values cannot overflow), so finite input needs no isfinite pass.
     let health = to_host(&Tensor::f_stack(
         &[
-            finite.f_sum(Kind::Double)?,
-            x.f_mean(Kind::Double)?,
-            x.f_std(false)?,
-            x.f_eq(0.0)?.f_sum(Kind::Double)?,
+            x.f_sum(Kind::Double)?,
+            x.f_norm()?,
+            x.f_count_nonzero(None::<i64>)?.f_to_kind(Kind::Double)?,
         ],
         0,
     )?)?;
-    let finite_count = health[0] as u64;
-    out.nonfinite = numel.saturating_sub(finite_count);
-    if out.nonfinite > 0 {
-        if finite_count > 0 {
-            let values = x.f_masked_select(&finite)?;
-            let health = to_host(&Tensor::f_stack(
-                &[
-                    values.f_mean(Kind::Double)?,
-                    values.f_std(false)?,
-                    values.f_eq(0.0)?.f_sum(Kind::Double)?,
-                ],
-                0,
-            )?)?;
-            out.mean = Some(health[0]);
-            out.std = Some(health[1]);
-            out.zero_fraction = Some(health[2] / finite_count as f64);
-        }
-        return Ok(());
+    let (sum, norm, nonzero) = (health[0], health[1], health[2]);
+    if !(sum.is_finite() && norm.is_finite()) {
+        return measure_nonfinite(&x, out);
     }
-    out.mean = Some(health[1]);
-    out.std = Some(health[2]);
-    out.zero_fraction = Some(health[3] / numel as f64);
+    let n_values = numel as f64;
+    let mean = sum / n_values;
+    out.mean = Some(mean);
+    // Population variance as E[x²] − mean², in float64: exact enough unless the
+    // mean exceeds the spread by about 10⁶, far beyond any activation's.
+    out.std = Some((norm * norm / n_values - mean * mean).max(0.0).sqrt());
+    out.zero_fraction = Some((n_values - nonzero) / n_values);
 
     let x = if options.center {
         x.f_sub(&x.f_mean_dim(0i64, true, Kind::Double)?)?
@@ -380,6 +369,28 @@ fn measure(
     out.cum_energy_90 = s.cum_energy_90;
     out.nuclear_norm_ratio = s.nuclear_norm_ratio;
     out.effective_rank = s.effective_rank;
+    Ok(())
+}
+
+/// Health over the finite values of a matrix that holds NaN or ±Inf; no spectrum.
+fn measure_nonfinite(x: &Tensor, out: &mut LayerMetrics) -> Result<(), TchError> {
+    let finite = x.f_isfinite()?;
+    let values = x.f_masked_select(&finite)?;
+    let finite_count = values.numel() as u64;
+    out.nonfinite = (x.numel() as u64).saturating_sub(finite_count);
+    if finite_count > 0 {
+        let health = to_host(&Tensor::f_stack(
+            &[
+                values.f_mean(Kind::Double)?,
+                values.f_std(false)?,
+                values.f_eq(0.0)?.f_sum(Kind::Double)?,
+            ],
+            0,
+        )?)?;
+        out.mean = Some(health[0]);
+        out.std = Some(health[1]);
+        out.zero_fraction = Some(health[2] / finite_count as f64);
+    }
     Ok(())
 }
 

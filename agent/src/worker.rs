@@ -44,6 +44,9 @@ impl Worker {
             .name("rankscope-metrics".into())
             .spawn(move || {
                 let _guard = tch::no_grad_guard();
+                if crate::threads::limit_this_thread(1).is_none() {
+                    tracing::debug!("cannot limit the metrics worker's intra-op threads");
+                }
                 for job in rx {
                     let started = Instant::now();
                     let m = metrics::compute(&job.matrix, &options, 0);

@@ -1,15 +1,22 @@
 //! `rankscope bench`: the agent's overhead, measured side by side in one run.
 //!
 //! The same training loop runs in rounds that interleave three configurations
-//! (agent off, sampling every 10 steps, sampling every step), all streaming to an
-//! embedded collector, so machine noise hits them alike; the overhead is the ratio
-//! of median round times. It also times the cost of a non-sampled step's taps and
-//! the agent's start-up with 200 taps. It prints a Markdown report.
+//! (agent off, sampling every 10 steps, sampling every step), all streaming to a
+//! collector in its own process as in production, so machine noise hits them
+//! alike; the overhead is the ratio of median round times. This is done once per
+//! training thread count: all cores to training (nothing left for the agent's
+//! threads), and one core left free (as on GPU nodes, where the training process
+//! mostly waits on the device). It also times the training thread's cost of a
+//! non-sampled and of a sampled tap, the worker's cost of one sample, and the
+//! agent's start-up with 200 taps. It prints a Markdown report.
 
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use rankscope_agent::config::AgentConfig;
+use rankscope_agent::metrics::{self, MatrixOptions};
 use rankscope_agent::step::Phase;
 use rankscope_agent::{Agent, Mode};
 use tch::nn::{self, OptimizerConfig};
@@ -21,7 +28,8 @@ use crate::workloads::{self, Workload};
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = "Examples:
   rankscope bench
-  rankscope bench --model transformer --rounds 9 --steps-per-round 60")]
+  rankscope bench --model transformer --rounds 9 --steps-per-round 60
+  rankscope bench --threads 16,15")]
 pub struct Args {
     #[arg(long, value_enum, default_value_t = Workload::Transformer)]
     pub model: Workload,
@@ -33,12 +41,17 @@ pub struct Args {
     pub steps_per_round: u64,
     #[arg(long, default_value_t = 64)]
     pub batch_size: i64,
+    /// libtorch intra-op thread counts for training, one measurement each
+    /// [default: all cores, then all cores but one].
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
 }
 
 struct Setup {
     label: &'static str,
     mode: Mode,
     sample_every: u64,
+    target: &'static str,
 }
 
 const SETUPS: [Setup; 3] = [
@@ -46,43 +59,98 @@ const SETUPS: [Setup; 3] = [
         label: "off",
         mode: Mode::Off,
         sample_every: 1,
+        target: "-",
     },
     Setup {
         label: "every 10 steps",
         mode: Mode::Full,
         sample_every: 10,
+        target: "<= 0.5 %",
     },
     Setup {
         label: "every step",
         mode: Mode::Full,
         sample_every: 1,
+        target: "<= 2 %",
     },
 ];
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Runtime::new()?;
-    let out = tempfile_dir()?;
-    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
-    let addr = listener.local_addr()?.to_string();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let collector = runtime.spawn(rankscope_collector::serve(
-        listener,
-        rankscope_collector::CollectorConfig::new(&out),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = if args.threads.is_empty() {
+        let mut t = vec![cores];
+        if cores > 1 {
+            t.push(cores - 1);
+        }
+        t
+    } else {
+        args.threads.clone()
+    };
+    if let Some(bad) = threads.iter().find(|&&t| t == 0) {
+        anyhow::bail!("--threads {bad} is not a thread count: give counts of 1 or more");
+    }
+    let collector = ChildCollector::start()?;
+    println!(
+        "{} cores; collector in its own process; {} model, batch {}, {} rounds x {} steps per configuration, interleaved\n",
+        cores,
+        args.model.name(),
+        args.batch_size,
+        args.rounds,
+        args.steps_per_round
+    );
+    let bar = indicatif::ProgressBar::new((threads.len() * args.rounds * SETUPS.len()) as u64);
+    let mut tables = Vec::new();
+    for (i, &n) in threads.iter().enumerate() {
+        tch::set_num_threads(n as i32);
+        let times = overhead_rounds(&args, &collector.addr, &format!("bench-t{n}-{i}"), &bar)?;
+        tables.push((n, times));
+    }
+    bar.finish_and_clear();
+    for (n, times) in &tables {
+        print_overhead(*n, cores, times, args.steps_per_round);
+    }
 
+    tch::set_num_threads(threads[0] as i32);
+    let observe_ns = non_sampled_observe(&collector.addr)?;
+    let step_ns = non_sampled_step(&collector.addr)?;
+    let (handoff_us, compute_ms, shape) = sampled_cost(&collector.addr)?;
+    let init_ms = init_cost(&collector.addr)?;
+    println!("| measurement | value | target |");
+    println!("|---|---|---|");
+    println!(
+        "| training thread, non-sampled step: one tap (observe) | {observe_ns:.1} ns | <= 1 us per step |"
+    );
+    println!(
+        "| training thread, non-sampled step: step guard with 4 phases (row queued) | {step_ns:.0} ns | - |"
+    );
+    println!(
+        "| training thread, sampled step: one tap of a {shape} activation (detach, copy, hand over) | {handoff_us:.1} us | - |"
+    );
+    println!(
+        "| metrics worker: one {shape} sample (health, Gram, eigvalsh; 1 intra-op thread) | {compute_ms:.3} ms | - |"
+    );
+    println!("| agent start-up + 200 taps | {init_ms:.3} ms | <= 5 ms |");
+    let summary = collector.stop()?;
+    println!("\ncollector: {summary}");
+    Ok(())
+}
+
+/// Median round seconds per setup, rounds interleaved; the first round warms up.
+fn overhead_rounds(
+    args: &Args,
+    addr: &str,
+    run_prefix: &str,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<Vec<f64>> {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
-    // Agents per setup; the model is built once per setup with that agent's taps.
     let mut models = Vec::new();
     for (i, setup) in SETUPS.iter().enumerate() {
         let config = AgentConfig::builder()
             .mode(setup.mode)
             .sample_every(setup.sample_every)
-            .collector(addr.clone())
-            .run_id(format!("bench-{i}"))
+            .collector(addr.to_string())
+            .run_id(format!("{run_prefix}-{i}"))
             .rank(0u32)
             .world_size(1u32)
             .build_with(|_| None)?;
@@ -93,7 +161,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut opt = nn::AdamW::default().build(&vs, 1e-3)?;
     let mut data = workloads::Data::new(args.model, 1, Device::Cpu);
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); SETUPS.len()];
-    let bar = indicatif::ProgressBar::new((args.rounds * SETUPS.len()) as u64);
     let mut step = 0u64;
     for round in 0..=args.rounds {
         for (i, (agent, model)) in models.iter().enumerate() {
@@ -111,68 +178,117 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     &s,
                 );
             }
-            // The first round warms up and is not counted.
             if round > 0 {
                 times[i].push(started.elapsed().as_secs_f64());
                 bar.inc(1);
             }
         }
     }
-    bar.finish_and_clear();
+    let mut dropped = 0;
     for (agent, _) in &models {
-        agent.finish();
+        let report = agent.finish();
+        dropped += report.rows_unsent;
     }
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
-    let base = median(&times[0]);
+    if dropped > 0 {
+        tracing::warn!(dropped, "rows were not acknowledged by the bench collector");
+    }
+    Ok(times.iter().map(|t| median(t)).collect())
+}
 
-    let (observe_ns, step_ns) = non_sampled_cost(&addr)?;
-    let init_ms = init_cost(&addr)?;
-    let _ = stop_tx.send(());
-    let summary = runtime.block_on(collector)?.context("bench collector")?;
-    let _ = std::fs::remove_dir_all(&out);
-
+fn print_overhead(threads: usize, cores: usize, times: &[f64], steps: u64) {
+    let spare = cores.saturating_sub(threads);
     println!(
-        "## Overhead ({} model, CPU, {} rounds x {} steps, interleaved)\n",
-        args.model.name(),
-        args.rounds,
-        args.steps_per_round
+        "### Training on {threads} intra-op thread(s), {spare} core(s) left for the agent and collector\n"
     );
     println!("| configuration | median round | ms/step | overhead vs off | target |");
     println!("|---|---|---|---|---|");
-    let targets = ["-", "<= 0.5 %", "<= 2 %"];
-    for (i, setup) in SETUPS.iter().enumerate() {
-        let m = median(&times[i]);
+    for (setup, &m) in SETUPS.iter().zip(times) {
         println!(
             "| {} | {:.3} s | {:.3} | {:+.2} % | {} |",
             setup.label,
             m,
-            1e3 * m / args.steps_per_round as f64,
-            100.0 * (m / base - 1.0),
-            targets[i]
+            1e3 * m / steps as f64,
+            100.0 * (m / times[0] - 1.0),
+            setup.target
         );
     }
-    println!("\n| measurement | value | target |");
-    println!("|---|---|---|");
-    println!(
-        "| tap cost on a non-sampled step (per observe) | {observe_ns:.1} ns | <= 1 us per step |"
-    );
-    println!("| step guard with 4 phases, non-sampled (row queued) | {step_ns:.0} ns | - |");
-    println!("| agent start-up + 200 taps | {init_ms:.3} ms | <= 5 ms |");
-    println!(
-        "\ncollector: {} rows committed, {} duplicate batches",
-        summary.rows, summary.duplicates
-    );
-    Ok(())
+    println!();
 }
 
-fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("rankscope-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// `rankscope collector` in a child process, on a free loopback port.
+struct ChildCollector {
+    child: Child,
+    addr: String,
+    out: std::path::PathBuf,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl ChildCollector {
+    fn start() -> anyhow::Result<ChildCollector> {
+        let out = std::env::temp_dir().join(format!("rankscope-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&out)?;
+        let exe = std::env::current_exe().context("cannot find the rankscope binary")?;
+        let mut child = Command::new(exe)
+            .args(["collector", "--listen", "127.0.0.1:0", "--out"])
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start the bench collector")?;
+        let stdout = child.stdout.take().context("collector stdout")?;
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let first = lines
+            .next()
+            .context("the bench collector exited before listening")??;
+        let addr = first
+            .strip_prefix("rankscope collector listening on ")
+            .and_then(|rest| rest.split(',').next())
+            .with_context(|| format!("unexpected collector output: {first}"))?
+            .to_string();
+        // Keep reading its output so it never blocks on a full pipe.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Ok(ChildCollector {
+            child,
+            addr,
+            out,
+            lines: rx,
+        })
+    }
+
+    /// SIGTERM (the collector drains), then its closing summary line.
+    fn stop(mut self) -> anyhow::Result<String> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait()?.is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let summary = self
+            .lines
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| "no summary".into());
+        Ok(summary)
+    }
+}
+
+impl Drop for ChildCollector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.out);
+    }
 }
 
 fn agent_for(addr: &str, sample_every: u64) -> anyhow::Result<Agent> {
@@ -187,9 +303,8 @@ fn agent_for(addr: &str, sample_every: u64) -> anyhow::Result<Agent> {
     Ok(Agent::new(config))
 }
 
-/// (ns per observe call, ns per whole non-sampled step guard) on steps that are
-/// not sampled.
-fn non_sampled_cost(addr: &str) -> anyhow::Result<(f64, f64)> {
+/// Nanoseconds per observe call on a step that is not sampled.
+fn non_sampled_observe(addr: &str) -> anyhow::Result<f64> {
     let agent = agent_for(addr, u64::MAX)?;
     let t = Tensor::ones([32, 64], tch::kind::FLOAT_CPU);
     let s = agent.step(1);
@@ -198,8 +313,15 @@ fn non_sampled_cost(addr: &str) -> anyhow::Result<(f64, f64)> {
     for _ in 0..n {
         agent.observe(std::hint::black_box("fc1"), std::hint::black_box(&t));
     }
-    let observe_ns = started.elapsed().as_nanos() as f64 / n as f64;
+    let ns = started.elapsed().as_nanos() as f64 / n as f64;
     drop(s);
+    agent.finish();
+    Ok(ns)
+}
+
+/// Nanoseconds per whole non-sampled step guard with four phases.
+fn non_sampled_step(addr: &str) -> anyhow::Result<f64> {
+    let agent = agent_for(addr, u64::MAX)?;
     let steps = 20_000u64;
     let started = Instant::now();
     for i in 1..=steps {
@@ -213,9 +335,48 @@ fn non_sampled_cost(addr: &str) -> anyhow::Result<(f64, f64)> {
             let _p = s.phase(phase);
         }
     }
-    let step_ns = started.elapsed().as_nanos() as f64 / steps as f64;
+    let ns = started.elapsed().as_nanos() as f64 / steps as f64;
     agent.finish();
-    Ok((observe_ns, step_ns))
+    Ok(ns)
+}
+
+/// (training-thread µs per sampled observe, worker ms per sample, the shape), for
+/// the transformer's activation: batch 64 × 16 tokens × 64 features.
+fn sampled_cost(addr: &str) -> anyhow::Result<(f64, f64, String)> {
+    let activation = Tensor::randn([64, 16, 64], tch::kind::FLOAT_CPU);
+    let agent = agent_for(addr, 1)?;
+    let mut handoff = Vec::new();
+    for step in 0..50u64 {
+        let s = agent.step(step);
+        for layer in ["a", "b", "c", "d"] {
+            let started = Instant::now();
+            agent.observe(layer, &activation);
+            handoff.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+        drop(s);
+        // Let the worker drain, so every observe finds room in its queue.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.finish();
+
+    let options = MatrixOptions {
+        max_rows: rankscope_agent::config::DEFAULT_MAX_ROWS,
+        center: false,
+        conv_layout: metrics::ConvLayout::default(),
+    };
+    let compute = std::thread::spawn(move || {
+        rankscope_agent::threads::limit_this_thread(1);
+        let mut ms = Vec::new();
+        for _ in 0..50 {
+            let started = Instant::now();
+            std::hint::black_box(metrics::compute(&activation, &options, 0));
+            ms.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        median(&ms)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the metrics thread panicked"))?;
+    Ok((median(&handoff), compute, "64x16x64".into()))
 }
 
 /// Milliseconds to start an agent and wrap 200 layers.
