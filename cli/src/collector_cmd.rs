@@ -12,6 +12,7 @@ use rankscope_collector::CollectorConfig;
 #[command(after_help = "Examples:
   rankscope collector --out ./rankscope-out
   rankscope collector --listen 0.0.0.0:50051 --out /data/rankscope --token-file token.txt
+  rankscope collector --out /data/rankscope --min-free-bytes 10737418240   # keep 10 GiB free
 
 Files appear as OUT/<table>/run_id=<run>/part-*.parquet (tables: runs, ranks, steps,
 layers, model, events). On SIGTERM or Ctrl-C the collector commits and acknowledges
@@ -42,6 +43,11 @@ pub struct Args {
     /// A file holding the bearer token every agent must present (RANKSCOPE_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Refuse new batches while the output filesystem has less free space than
+    /// this many bytes (0: never). Agents keep refused batches and resend them,
+    /// so they land once space is freed.
+    #[arg(long, default_value_t = rankscope_collector::space::DEFAULT_MIN_FREE_BYTES)]
+    pub min_free_bytes: u64,
 }
 
 impl Args {
@@ -52,6 +58,7 @@ impl Args {
         config.max_streams = self.max_streams;
         config.max_message_bytes = self.max_message_bytes;
         config.rank_grace = self.rank_grace;
+        config.min_free_bytes = self.min_free_bytes;
         if let Some(path) = &self.token_file {
             let token = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read --token-file {}", path.display()))?;

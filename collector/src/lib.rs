@@ -12,13 +12,18 @@
 //! - [`buffer`]: rows waiting for the next commit, grouped by (table, run);
 //! - [`table`]: the six tables and their Arrow columns;
 //! - [`committer`]: when buffered rows become files;
-//! - [`store`]: the output directory, atomic commits and crash recovery.
+//! - [`store`]: the output directory, atomic commits and crash recovery;
+//! - [`space`]: free space on the output filesystem, the `--min-free-bytes` floor;
+//! - [`fuzzing`]: what the collector runs on one message's bytes, as one function
+//!   for the fuzz targets (`fuzz/`) and the hostile-input tests.
 
 pub mod auth;
 pub mod buffer;
 pub mod committer;
+pub mod fuzzing;
 pub mod intake;
 pub mod service;
+pub mod space;
 pub mod store;
 pub mod table;
 pub mod validate;
@@ -60,6 +65,9 @@ pub struct CollectorConfig {
     pub rank_grace: Duration,
     /// When set, every stream must carry `authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// Refuse new batches (`RESOURCE_EXHAUSTED`, retried by agents) while the output
+    /// filesystem has less free space than this; 0 turns the check off.
+    pub min_free_bytes: u64,
 }
 
 impl CollectorConfig {
@@ -75,6 +83,7 @@ impl CollectorConfig {
             max_streams: 4096,
             rank_grace: Duration::from_secs(30),
             token: None,
+            min_free_bytes: space::DEFAULT_MIN_FREE_BYTES,
         }
     }
 }
@@ -131,8 +140,10 @@ pub async fn serve(
         phase_tx,
         commit_counters.clone(),
     ));
+    let space = Arc::new(space::SpaceGuard::new(&config.out, config.min_free_bytes));
     let service = CollectorService::new(
         intake,
+        space,
         phase_rx.clone(),
         config.max_streams,
         stream_counters.clone(),

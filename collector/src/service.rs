@@ -2,10 +2,12 @@
 //!
 //! A stream is refused with a clear status when its Hello is wrong
 //! (`FAILED_PRECONDITION` for an unknown schema major, `INVALID_ARGUMENT` for a bad
-//! run id or rank), when a batch breaks a limit (`INVALID_ARGUMENT`), or when too
-//! many streams are open (`RESOURCE_EXHAUSTED`). A full buffer (the disk cannot keep
-//! up or is failing) answers `UNAVAILABLE`, which agents retry. One stream's
-//! failure ends that stream only.
+//! run id or rank), when its bytes are not rankscope.v1 messages or a batch breaks a
+//! limit (`INVALID_ARGUMENT`), when too many streams are open or the output
+//! filesystem is below `--min-free-bytes` (`RESOURCE_EXHAUSTED`). A full buffer
+//! (the disk cannot keep up or is failing) answers `UNAVAILABLE`. Agents keep
+//! unacknowledged batches and resend them after any of these. One stream's failure
+//! ends that stream only.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::buffer::RankKey;
 use crate::intake::{Admission, Intake};
+use crate::space::SpaceGuard;
 use crate::validate::{self, Invalid};
 
 /// How long a new stream may take to send its Hello.
@@ -52,6 +55,7 @@ pub enum Phase {
 #[derive(Debug, Clone)]
 pub struct CollectorService {
     intake: Arc<Intake>,
+    space: Arc<SpaceGuard>,
     phase: watch::Receiver<Phase>,
     open_streams: Arc<AtomicUsize>,
     max_streams: usize,
@@ -61,12 +65,14 @@ pub struct CollectorService {
 impl CollectorService {
     pub fn new(
         intake: Arc<Intake>,
+        space: Arc<SpaceGuard>,
         phase: watch::Receiver<Phase>,
         max_streams: usize,
         counters: Arc<StreamCounters>,
     ) -> CollectorService {
         CollectorService {
             intake,
+            space,
             phase,
             open_streams: Arc::new(AtomicUsize::new(0)),
             max_streams,
@@ -88,6 +94,21 @@ fn refuse(invalid: Invalid) -> Status {
     match invalid {
         Invalid::Schema(_) => Status::failed_precondition(invalid.to_string()),
         _ => Status::invalid_argument(invalid.to_string()),
+    }
+}
+
+/// The status for a failure to read the agent's side of the stream. tonic reports
+/// bytes that do not decode (not protobuf, a truncated or flagged frame) as
+/// `INTERNAL`, the gRPC convention for library-made parse errors; the fault is the
+/// sender's, so the collector answers `INVALID_ARGUMENT` and says so.
+fn from_agent(status: Status) -> Status {
+    if status.code() == tonic::Code::Internal {
+        Status::invalid_argument(format!(
+            "malformed message from the agent ({}): send rankscope.v1 AgentMessage protobufs in gRPC frames",
+            status.message()
+        ))
+    } else {
+        status
     }
 }
 
@@ -119,11 +140,15 @@ impl Collector for CollectorService {
         let mut inbound = request.into_inner();
         let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
             Err(_) => return Err(Status::deadline_exceeded("no Hello within 10 s")),
-            Ok(Err(status)) => return Err(status),
+            Ok(Err(status)) => {
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(from_agent(status));
+            }
             Ok(Ok(Some(AgentMessage {
                 kind: Some(AgentKind::Hello(hello)),
             }))) => hello,
             Ok(Ok(_)) => {
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(Status::invalid_argument(
                     "the first message of a stream must be a Hello",
                 ));
@@ -149,6 +174,7 @@ impl Collector for CollectorService {
         tracing::debug!(run_id = %hello.run_id, rank = hello.rank, "stream opened");
         let task = StreamTask {
             intake: self.intake.clone(),
+            space: self.space.clone(),
             counters: self.counters.clone(),
             key: (hello.run_id.clone(), hello.rank),
             tx,
@@ -174,6 +200,7 @@ pub async fn until(phase: &mut watch::Receiver<Phase>, done: impl Fn(Phase) -> b
 
 struct StreamTask {
     intake: Arc<Intake>,
+    space: Arc<SpaceGuard>,
     counters: Arc<StreamCounters>,
     key: RankKey,
     tx: mpsc::Sender<Result<CollectorMessage, Status>>,
@@ -217,7 +244,7 @@ impl StreamTask {
                 _ = until(&mut phase, |p| p != Phase::Serving) => Next::Drain,
             };
             match next {
-                Next::Message(message) => match message? {
+                Next::Message(message) => match message.map_err(from_agent)? {
                     None => return Ok(()),
                     Some(AgentMessage {
                         kind: Some(AgentKind::Batch(batch)),
@@ -238,6 +265,10 @@ impl StreamTask {
         validate::batch(&batch).map_err(|invalid| {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
             refuse(invalid)
+        })?;
+        self.space.check().map_err(|low| {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            Status::resource_exhausted(low.to_string())
         })?;
         let (seq, is_final) = (batch.seq, batch.r#final);
         let mut waited = Duration::ZERO;

@@ -25,6 +25,13 @@
 //!   partial file, because files appear only by rename.
 //! - Every watermark ever acknowledged is in a commit record whose files exist.
 //!
+//! A failure before the commit point (a full disk, say) removes every temporary
+//! file the commit wrote and returns the error: nothing of it is visible, the
+//! rows stay buffered and the commit is retried. A failure after it (a rename in
+//! step 3) does not undo the commit: its watermarks are durable, so it is
+//! reported as committed and the renames are retried before the next commit (or
+//! by [`Store::recover`] at the next start).
+//!
 //! # After a crash
 //!
 //! [`Store::recover`] reads every commit record: it finishes the renames of
@@ -37,26 +44,36 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
+use parquet::errors::ParquetError;
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
 use crate::buffer::{Pending, RankKey};
-use crate::table::Table;
+use crate::table::{Rows, Table};
 
 /// Why a commit or recovery failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    #[error(
+        "the filesystem holding {dir} is full ({source}, writing {path}): free space there or restart the collector with --out on a larger disk; accepted rows stay buffered, unacknowledged, and the commit is retried"
+    )]
+    DiskFull {
+        dir: PathBuf,
+        path: PathBuf,
+        source: io::Error,
+    },
     #[error("cannot write {path}: {source} (is the disk full or read-only?)")]
     Io { path: PathBuf, source: io::Error },
     #[error("cannot encode {table} rows of run {run_id}: {source}")]
     Encode {
         table: &'static str,
         run_id: String,
-        source: parquet::errors::ParquetError,
+        source: ParquetError,
     },
     #[error("commit record {path} is unreadable: {source}")]
     Record {
@@ -70,6 +87,53 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// Whether `e` says the filesystem (or the user's quota on it) is full.
+fn is_disk_full(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// The I/O error a Parquet error wraps, or the Parquet error itself.
+fn parquet_io(e: ParquetError) -> Result<io::Error, ParquetError> {
+    match e {
+        ParquetError::External(inner) => inner
+            .downcast::<io::Error>()
+            .map(|io| *io)
+            .map_err(ParquetError::External),
+        other => Err(other),
+    }
+}
+
+/// Properties of every Parquet file the collector writes.
+fn writer_properties(row_group_rows: usize) -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid level"),
+        ))
+        .set_dictionary_enabled(true)
+        .set_max_row_group_row_count(Some(row_group_rows.max(1)))
+        .set_created_by(format!("rankscope {}", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+/// Encodes `rows` of `run_id`'s `table` as one Parquet file into `sink`, exactly
+/// as a commit does; returns the sink. Runs in memory for a `Vec<u8>` sink (see
+/// [`crate::fuzzing`]).
+pub fn encode_parquet<W: Write + Send>(
+    sink: W,
+    rows: &Rows,
+    run_id: &str,
+    row_group_rows: usize,
+) -> Result<W, ParquetError> {
+    let batch = rows.to_record_batch(run_id)?;
+    let props = writer_properties(row_group_rows);
+    let mut writer = ArrowWriter::try_new(sink, batch.schema(), Some(props))?;
+    writer.write(&batch)?;
+    writer.into_inner()
 }
 
 /// One commit record, as stored in `_rankscope/commits/<commit>.json`.
@@ -102,6 +166,8 @@ pub struct Store {
     /// Unique per process start, so two collector lifetimes never reuse a name.
     epoch: String,
     next: AtomicU64,
+    /// Files of commits whose renames (step 3) failed: retried before each commit.
+    unpublished: Mutex<Vec<(String, String)>>,
 }
 
 impl Store {
@@ -114,7 +180,26 @@ impl Store {
             row_group_rows: row_group_rows.max(1),
             epoch,
             next: AtomicU64::new(0),
+            unpublished: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Maps an I/O error on `path`, telling a full disk apart.
+    fn io_err<'a>(&'a self, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+        move |source| {
+            if is_disk_full(&source) {
+                StoreError::DiskFull {
+                    dir: self.dir.clone(),
+                    path: path.to_path_buf(),
+                    source,
+                }
+            } else {
+                StoreError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            }
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -126,7 +211,12 @@ impl Store {
     }
 
     /// Writes `pending` as one atomic commit (see the module header).
+    ///
+    /// An error means nothing of `pending` was committed: every file it wrote is
+    /// removed and the caller keeps the rows. Success means its watermarks are
+    /// durable, even when some final renames must still be retried.
     pub fn commit(&self, pending: &Pending) -> Result<CommitSummary, StoreError> {
+        self.retry_unpublished();
         let watermarks = pending.watermarks();
         let commit = format!(
             "{}-{:06}",
@@ -142,7 +232,8 @@ impl Store {
                     continue;
                 }
                 let folder = format!("{}/run_id={run_id}", table.name());
-                fs::create_dir_all(self.dir.join(&folder)).map_err(io_err(&self.dir))?;
+                let folder_path = self.dir.join(&folder);
+                fs::create_dir_all(&folder_path).map_err(self.io_err(&folder_path))?;
                 let tmp = format!("{folder}/.part-{commit}-{n}.parquet.tmp");
                 let fin = format!("{folder}/part-{commit}-{n}.parquet");
                 written.push(self.dir.join(&tmp));
@@ -164,10 +255,18 @@ impl Store {
             let record_tmp = self.commits_dir().join(format!(".{commit}.json.tmp"));
             written.push(record_tmp.clone());
             let json = serde_json::to_vec(&record).expect("commit record serializes");
-            write_synced(&record_tmp, &json)?;
+            self.write_synced(&record_tmp, &json)?;
             let record_path = self.commits_dir().join(format!("{commit}.json"));
-            fs::rename(&record_tmp, &record_path).map_err(io_err(&record_path))?;
-            sync_dir(&self.commits_dir())?;
+            fs::rename(&record_tmp, &record_path).map_err(self.io_err(&record_path))?;
+            if let Err(e) = self.sync_dir(&self.commits_dir()) {
+                // The record is in place but maybe not durable: take it back so
+                // the rows are retried, unless it cannot be taken back, in which
+                // case the commit stands (recovery will honour the record).
+                if fs::remove_file(&record_path).is_ok() {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, record = %record_path.display(), "commit folder not synced; keeping the commit");
+            }
             Ok(())
         })();
         if let Err(e) = result {
@@ -177,11 +276,36 @@ impl Store {
             }
             return Err(e);
         }
-        self.publish(&files)?;
+        // Past the commit point: a failed rename is retried, never undone.
+        if let Err(error) = self.publish(&files) {
+            tracing::error!(%error, "committed files not yet renamed into place; retrying before the next commit");
+            self.unpublished
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(files.iter().cloned());
+        }
         Ok(CommitSummary {
             files: files.len(),
             rows,
         })
+    }
+
+    /// Retries the renames of earlier commits that failed after their commit point.
+    fn retry_unpublished(&self) {
+        let mut unpublished = self.unpublished.lock().unwrap_or_else(|e| e.into_inner());
+        if unpublished.is_empty() {
+            return;
+        }
+        match self.publish(&unpublished) {
+            Ok(()) => {
+                tracing::info!(
+                    files = unpublished.len(),
+                    "committed files renamed into place"
+                );
+                unpublished.clear();
+            }
+            Err(error) => tracing::warn!(%error, "committed files still not renamed into place"),
+        }
     }
 
     /// Renames committed temporary files to their final names.
@@ -190,14 +314,14 @@ impl Store {
         for (tmp, fin) in files {
             let (tmp, fin) = (self.dir.join(tmp), self.dir.join(fin));
             if tmp.exists() {
-                fs::rename(&tmp, &fin).map_err(io_err(&fin))?;
+                fs::rename(&tmp, &fin).map_err(self.io_err(&fin))?;
             }
             if let Some(parent) = fin.parent() {
                 folders.insert(parent.to_path_buf());
             }
         }
         for folder in folders {
-            sync_dir(&folder)?;
+            self.sync_dir(&folder)?;
         }
         Ok(())
     }
@@ -207,27 +331,32 @@ impl Store {
         path: &Path,
         table: Table,
         run_id: &str,
-        rows: &crate::table::Rows,
+        rows: &Rows,
     ) -> Result<(), StoreError> {
-        let encode = |source| StoreError::Encode {
-            table: table.name(),
-            run_id: run_id.to_string(),
-            source,
-        };
-        let batch = rows.to_record_batch(run_id).map_err(|e| encode(e.into()))?;
-        let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(
-                ZstdLevel::try_new(3).expect("valid level"),
-            ))
-            .set_dictionary_enabled(true)
-            .set_max_row_group_row_count(Some(self.row_group_rows))
-            .set_created_by(format!("rankscope {}", env!("CARGO_PKG_VERSION")))
-            .build();
-        let file = File::create(path).map_err(io_err(path))?;
-        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(encode)?;
-        writer.write(&batch).map_err(encode)?;
-        let file = writer.into_inner().map_err(encode)?;
-        file.sync_all().map_err(io_err(path))
+        let file = File::create(path).map_err(self.io_err(path))?;
+        let file = encode_parquet(file, rows, run_id, self.row_group_rows).map_err(|error| {
+            match parquet_io(error) {
+                Ok(io) => self.io_err(path)(io),
+                Err(source) => StoreError::Encode {
+                    table: table.name(),
+                    run_id: run_id.to_string(),
+                    source,
+                },
+            }
+        })?;
+        file.sync_all().map_err(self.io_err(path))
+    }
+
+    fn write_synced(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        let mut f = File::create(path).map_err(self.io_err(path))?;
+        f.write_all(bytes).map_err(self.io_err(path))?;
+        f.sync_all().map_err(self.io_err(path))
+    }
+
+    fn sync_dir(&self, dir: &Path) -> Result<(), StoreError> {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(self.io_err(dir))
     }
 
     /// Restores a consistent directory after a crash and returns the durable
@@ -284,18 +413,6 @@ impl Store {
         }
         Ok(watermarks)
     }
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    let mut f = File::create(path).map_err(io_err(path))?;
-    f.write_all(bytes).map_err(io_err(path))?;
-    f.sync_all().map_err(io_err(path))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))
 }
 
 #[cfg(test)]
@@ -369,6 +486,39 @@ mod tests {
         assert!(fin.exists());
         assert!(!tmp.exists());
         assert!(!orphan.exists());
+    }
+
+    #[test]
+    fn a_rename_failing_after_the_commit_point_keeps_the_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 1000).unwrap();
+        // A folder squatting on the final name makes step 3's rename fail.
+        let folder = dir.path().join("steps/run_id=run");
+        let squatter = folder.join(format!("part-{}-000000-0.parquet", store.epoch));
+        fs::create_dir_all(squatter.join("inside")).unwrap();
+        let mut p = Pending::default();
+        p.push_batch("run", 0, batch(1, 10));
+        // Committed: the watermark is durable, so the rows must not be retried
+        // (a retry would store them twice once the rename succeeds).
+        assert_eq!(store.commit(&p).unwrap().rows, 10);
+        let tmp = folder.join(format!(".part-{}-000000-0.parquet.tmp", store.epoch));
+        assert!(tmp.exists(), "committed, waiting for its rename");
+
+        fs::remove_dir_all(&squatter).unwrap();
+        let mut next = Pending::default();
+        next.push_batch("run", 0, batch(2, 5));
+        store.commit(&next).unwrap();
+        assert!(!tmp.exists(), "the earlier rename was retried");
+        let mut rows = 0;
+        for f in parquet_files(dir.path()) {
+            use parquet::file::reader::FileReader;
+            let reader =
+                parquet::file::reader::SerializedFileReader::new(File::open(f).unwrap()).unwrap();
+            rows += reader.metadata().file_metadata().num_rows();
+        }
+        assert_eq!(rows, 15, "each row once");
+        let watermarks = Store::open(dir.path(), 1000).unwrap().recover().unwrap();
+        assert_eq!(watermarks[&("run".into(), 0)], 2);
     }
 
     #[test]

@@ -4,12 +4,22 @@
 //! Layout:
 //! - [`bin`]: where the built binaries and the venv's tools are;
 //! - [`CollectorProc`]: a collector process on 127.0.0.1:0 with its own directory;
+//! - [`RawStream`], [`hello`], [`batch`]: the protocol spoken by hand, as an agent
+//!   would (or as a broken one would);
 //! - [`duckdb`]: queries run through the `duckdb` command.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use rankscope_proto::v1::agent_message::Kind as AgentKind;
+use rankscope_proto::v1::collector_client::CollectorClient;
+use rankscope_proto::v1::collector_message::Kind as CollectorKind;
+use rankscope_proto::v1::{AgentMessage, Batch, CollectorMessage, Hello, StepRow};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -50,6 +60,8 @@ pub struct CollectorProc {
     pub addr: String,
     pub out: PathBuf,
     child: Child,
+    /// Where its stderr (the log) goes, when captured.
+    log: Option<PathBuf>,
 }
 
 impl CollectorProc {
@@ -60,13 +72,27 @@ impl CollectorProc {
 
     /// Starts the collector on a given address (for restarts on the same port).
     pub fn start_on(listen: &str, out: &Path, args: &[&str]) -> CollectorProc {
+        Self::spawn(listen, out, args, None)
+    }
+
+    /// Starts the collector with its log (stderr, `warn` and up) written to `log`,
+    /// for tests that check what it says; see [`CollectorProc::log`].
+    pub fn start_logged(out: &Path, args: &[&str], log: &Path) -> CollectorProc {
+        Self::spawn("127.0.0.1:0", out, args, Some(log))
+    }
+
+    fn spawn(listen: &str, out: &Path, args: &[&str], log: Option<&Path>) -> CollectorProc {
+        let stderr = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path).expect("create the log file")),
+            None => Stdio::inherit(),
+        };
         let mut child = Command::new(bin("rankscope"))
             .args(["collector", "--listen", listen, "--out"])
             .arg(out)
             .args(args)
             .env("RANKSCOPE_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start rankscope collector");
         let stdout = child.stdout.take().expect("piped stdout");
@@ -87,11 +113,25 @@ impl CollectorProc {
             addr,
             out: out.to_path_buf(),
             child,
+            log: log.map(Path::to_path_buf),
         }
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// What it logged so far (empty unless started with [`CollectorProc::start_logged`]).
+    pub fn log(&self) -> String {
+        self.log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
     }
 
     /// SIGTERM, then waits for exit; returns whether it exited 0.
@@ -200,4 +240,140 @@ pub fn rankscope(args: &[&str]) -> String {
         "rankscope {args:?} failed:\n{text}"
     );
     text
+}
+
+/// A Hello of rank `rank` of a 4-rank run, as an agent sends it.
+pub fn hello(run_id: &str, rank: u32) -> Hello {
+    Hello {
+        run_id: run_id.into(),
+        rank,
+        world_size: 4,
+        hostname: "test".into(),
+        schema_major: rankscope_proto::SCHEMA_MAJOR,
+        agent_version: "test".into(),
+        ..Default::default()
+    }
+}
+
+/// Batch `seq` with `steps` step rows, numbered `seq * 1000 + i`.
+pub fn batch(seq: u64, steps: u64, is_final: bool) -> Batch {
+    Batch {
+        seq,
+        r#final: is_final,
+        steps: (0..steps)
+            .map(|i| StepRow {
+                step: seq * 1000 + i,
+                step_ms: 1.0,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// How long a test waits for any one answer from the collector.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A raw protocol stream, opened by hand as an agent would open it.
+pub struct RawStream {
+    tx: mpsc::Sender<AgentMessage>,
+    inbound: Streaming<CollectorMessage>,
+}
+
+/// Opens a stream with `hello`; returns it and the Welcome's durable seq.
+pub async fn open(addr: &str, hello: Hello) -> Result<(RawStream, u64), Status> {
+    open_with(
+        addr,
+        AgentMessage {
+            kind: Some(AgentKind::Hello(hello)),
+        },
+    )
+    .await
+}
+
+/// Opens a stream whose first message is `first` (a Hello, or anything else).
+pub async fn open_with(addr: &str, first: AgentMessage) -> Result<(RawStream, u64), Status> {
+    let mut client = CollectorClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+        .max_encoding_message_size(64 * 1024 * 1024);
+    let (tx, rx) = mpsc::channel(64);
+    tx.send(first).await.expect("queue the first message");
+    let call = client.stream(ReceiverStream::new(rx));
+    let mut inbound = tokio::time::timeout(ANSWER_TIMEOUT, call)
+        .await
+        .expect("the collector answers a new stream within 30 s")?
+        .into_inner();
+    match tokio::time::timeout(ANSWER_TIMEOUT, inbound.message())
+        .await
+        .expect("a Welcome within 30 s")?
+    {
+        Some(CollectorMessage {
+            kind: Some(CollectorKind::Welcome(w)),
+        }) => Ok((RawStream { tx, inbound }, w.durable_seq)),
+        other => panic!("expected a Welcome, got {other:?}"),
+    }
+}
+
+impl RawStream {
+    /// Sends one batch.
+    pub async fn send(&self, batch: Batch) {
+        self.send_message(AgentMessage {
+            kind: Some(AgentKind::Batch(batch)),
+        })
+        .await;
+    }
+
+    /// Sends any message (a second Hello, an empty one).
+    pub async fn send_message(&self, message: AgentMessage) {
+        self.tx.send(message).await.expect("stream open");
+    }
+
+    /// Waits for an ack of at least `seq`.
+    pub async fn acked(&mut self, seq: u64) -> u64 {
+        loop {
+            let message = tokio::time::timeout(ANSWER_TIMEOUT, self.inbound.message())
+                .await
+                .expect("an ack within 30 s")
+                .expect("stream ok");
+            if let Some(CollectorMessage {
+                kind: Some(CollectorKind::Ack(ack)),
+            }) = message
+                && ack.durable_seq >= seq
+            {
+                return ack.durable_seq;
+            }
+        }
+    }
+
+    /// The status that ends the stream.
+    pub async fn error(&mut self) -> Status {
+        loop {
+            match tokio::time::timeout(ANSWER_TIMEOUT, self.inbound.message())
+                .await
+                .expect("an answer within 30 s")
+            {
+                Err(status) => return status,
+                Ok(None) => panic!("stream ended without an error"),
+                Ok(Some(_)) => {}
+            }
+        }
+    }
+
+    /// Waits up to `wait` for an ack; `None` if none came (the stream stays open).
+    pub async fn ack_within(&mut self, wait: Duration) -> Option<u64> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let message = tokio::time::timeout_at(deadline, self.inbound.message())
+                .await
+                .ok()?
+                .expect("stream ok");
+            if let Some(CollectorMessage {
+                kind: Some(CollectorKind::Ack(ack)),
+            }) = message
+            {
+                return Some(ack.durable_seq);
+            }
+        }
+    }
 }

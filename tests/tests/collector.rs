@@ -4,16 +4,12 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use rankscope_proto::v1::agent_message::Kind as AgentKind;
-use rankscope_proto::v1::collector_client::CollectorClient;
-use rankscope_proto::v1::collector_message::Kind as CollectorKind;
-use rankscope_proto::v1::{AgentMessage, Batch, CollectorMessage, Hello, LayerRow, StepRow};
-use rankscope_tests::{CollectorProc, count, count_by_rank, duckdb, rankscope, table};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Code, Status, Streaming};
+use rankscope_proto::v1::LayerRow;
+use rankscope_tests::{
+    CollectorProc, batch, count, count_by_rank, duckdb, hello, open, rankscope, table,
+};
+use tonic::Code;
 
 #[test]
 fn loadgen_rows_land_exactly_per_rank_and_table() {
@@ -53,101 +49,6 @@ fn loadgen_rows_land_exactly_per_rank_and_table() {
     );
     // Every rank finished.
     assert_eq!(count(out, "ranks", "finished_at is null"), 0);
-}
-
-fn hello(run_id: &str, rank: u32) -> Hello {
-    Hello {
-        run_id: run_id.into(),
-        rank,
-        world_size: 4,
-        hostname: "test".into(),
-        schema_major: rankscope_proto::SCHEMA_MAJOR,
-        agent_version: "test".into(),
-        ..Default::default()
-    }
-}
-
-fn batch(seq: u64, steps: u64, is_final: bool) -> Batch {
-    Batch {
-        seq,
-        r#final: is_final,
-        steps: (0..steps)
-            .map(|i| StepRow {
-                step: seq * 1000 + i,
-                step_ms: 1.0,
-                ..Default::default()
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-/// A raw protocol stream, as an agent would open it.
-struct RawStream {
-    tx: mpsc::Sender<AgentMessage>,
-    inbound: Streaming<CollectorMessage>,
-}
-
-async fn open(addr: &str, hello: Hello) -> Result<(RawStream, u64), Status> {
-    let mut client = CollectorClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect")
-        .max_encoding_message_size(64 * 1024 * 1024);
-    let (tx, rx) = mpsc::channel(64);
-    tx.send(AgentMessage {
-        kind: Some(AgentKind::Hello(hello)),
-    })
-    .await
-    .unwrap();
-    let mut inbound = client.stream(ReceiverStream::new(rx)).await?.into_inner();
-    match inbound.message().await? {
-        Some(CollectorMessage {
-            kind: Some(CollectorKind::Welcome(w)),
-        }) => Ok((RawStream { tx, inbound }, w.durable_seq)),
-        other => panic!("expected a Welcome, got {other:?}"),
-    }
-}
-
-impl RawStream {
-    async fn send(&self, batch: Batch) {
-        self.tx
-            .send(AgentMessage {
-                kind: Some(AgentKind::Batch(batch)),
-            })
-            .await
-            .unwrap();
-    }
-
-    /// Waits for an ack of at least `seq`.
-    async fn acked(&mut self, seq: u64) -> u64 {
-        loop {
-            let message = tokio::time::timeout(Duration::from_secs(30), self.inbound.message())
-                .await
-                .expect("an ack within 30 s")
-                .expect("stream ok");
-            if let Some(CollectorMessage {
-                kind: Some(CollectorKind::Ack(ack)),
-            }) = message
-                && ack.durable_seq >= seq
-            {
-                return ack.durable_seq;
-            }
-        }
-    }
-
-    /// The status that ends the stream.
-    async fn error(&mut self) -> Status {
-        loop {
-            match tokio::time::timeout(Duration::from_secs(30), self.inbound.message())
-                .await
-                .expect("an answer within 30 s")
-            {
-                Err(status) => return status,
-                Ok(None) => panic!("stream ended without an error"),
-                Ok(Some(_)) => {}
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,349 @@
+//! What the collector runs on the bytes of one gRPC message, as plain functions
+//! for the cargo-fuzz targets (`fuzz/`) and the hostile-input tests.
+//!
+//! [`agent_message`] takes the payload of one gRPC frame, as tonic hands it to
+//! prost, and runs the collector's own code on it in the order a stream does:
+//! prost decode of `AgentMessage`; [`validate::hello`] or [`validate::batch`]; the
+//! sequence check and buffering of [`Intake::admit`]; then what a commit does with
+//! the buffered rows: Arrow record batches ([`crate::table`]) encoded as Parquet
+//! ([`store::encode_parquet`]), into memory. No filesystem, no network, no tokio.
+//! [`hello`] and [`batch`] start from the inner messages, so a fuzzer spends its
+//! time past the envelope.
+//!
+//! Contract: none of them panics on any input, and every row of an accepted batch
+//! comes out of the Parquet encoding (checked here with assertions, so a fuzzer
+//! reports a lost row as a crash).
+
+use std::collections::HashMap;
+
+use prost::Message;
+use rankscope_proto::v1::agent_message::Kind;
+use rankscope_proto::v1::{AgentMessage, Batch, Hello};
+
+use crate::intake::{Admission, Intake};
+use crate::store;
+use crate::validate::{self, Invalid};
+
+/// The run a fuzzed batch is filed under (a Hello precedes it on a real stream).
+const RUN_ID: &str = "fuzz";
+/// Small row groups, so multi-group files are exercised too.
+const ROW_GROUP_ROWS: usize = 64;
+
+/// What the collector made of one message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Not a protobuf of the expected message: the stream would end.
+    Undecodable,
+    /// An `AgentMessage` with no kind: refused (neither Hello nor Batch).
+    Empty,
+    /// Refused by validation, with the message the agent would read.
+    Refused(String),
+    /// A valid Hello.
+    Hello,
+    /// A batch that passed validation and the seq check, and became `files`
+    /// Parquet files (one per table it has rows for) holding `rows` rows.
+    Batch { rows: usize, files: usize },
+}
+
+/// The full path of one `AgentMessage` payload.
+pub fn agent_message(bytes: &[u8]) -> Outcome {
+    match AgentMessage::decode(bytes) {
+        Err(_) => Outcome::Undecodable,
+        Ok(AgentMessage { kind: None }) => Outcome::Empty,
+        Ok(AgentMessage {
+            kind: Some(Kind::Hello(h)),
+        }) => check_hello(&h),
+        Ok(AgentMessage {
+            kind: Some(Kind::Batch(b)),
+        }) => check_batch(b),
+    }
+}
+
+/// A `Hello` payload: decode and validation.
+pub fn hello(bytes: &[u8]) -> Outcome {
+    match Hello::decode(bytes) {
+        Err(_) => Outcome::Undecodable,
+        Ok(h) => check_hello(&h),
+    }
+}
+
+/// A `Batch` payload: decode, validation, seq check, Arrow and Parquet.
+pub fn batch(bytes: &[u8]) -> Outcome {
+    match Batch::decode(bytes) {
+        Err(_) => Outcome::Undecodable,
+        Ok(b) => check_batch(b),
+    }
+}
+
+fn check_hello(h: &Hello) -> Outcome {
+    match validate::hello(h) {
+        Ok(()) => Outcome::Hello,
+        Err(invalid) => refused(invalid),
+    }
+}
+
+fn refused(invalid: Invalid) -> Outcome {
+    let message = invalid.to_string();
+    assert!(!message.is_empty(), "every refusal explains itself");
+    Outcome::Refused(message)
+}
+
+fn check_batch(b: Batch) -> Outcome {
+    if let Err(invalid) = validate::batch(&b) {
+        return refused(invalid);
+    }
+    let rows = b.steps.len()
+        + b.layers.len()
+        + b.runs.len()
+        + b.ranks.len()
+        + b.model.len()
+        + b.events.len();
+    let intake = Intake::new(HashMap::new(), usize::MAX);
+    let key = (RUN_ID.to_string(), 0);
+    match intake.admit(&key, b) {
+        Err(seq) => return Outcome::Refused(seq.to_string()),
+        Ok(Admission::Accepted) => {}
+        Ok(other) => unreachable!("a first batch into an unbounded buffer: {other:?}"),
+    }
+    let pending = intake.take_pending();
+    assert_eq!(pending.rows(), rows, "every row of the batch is buffered");
+    let mut files = 0;
+    let mut encoded_rows = 0;
+    for (table, run_id, group) in pending.groups() {
+        let record_batch = group
+            .to_record_batch(run_id)
+            .unwrap_or_else(|e| panic!("{} rows do not convert: {e}", table.name()));
+        assert_eq!(record_batch.num_rows(), group.len());
+        let parquet = store::encode_parquet(Vec::new(), group, run_id, ROW_GROUP_ROWS)
+            .unwrap_or_else(|e| panic!("{} rows do not encode: {e}", table.name()));
+        assert!(parquet.starts_with(b"PAR1") && parquet.ends_with(b"PAR1"));
+        files += 1;
+        encoded_rows += group.len();
+    }
+    assert_eq!(encoded_rows, rows, "every row reaches a file");
+    Outcome::Batch { rows, files }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fuzz targets' contract, exercised on stable Rust with a fixed seed:
+    //! random bytes, and valid messages mutated the way a fuzzer mutates them.
+
+    use super::*;
+    use rankscope_proto::v1::{EventRow, LayerRow, ModelRow, RankRow, RunRow, StepRow};
+
+    /// xorshift64*: tiny, deterministic, good enough to pick mutations.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+
+        fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| self.next() as u8).collect()
+        }
+    }
+
+    fn valid_hello() -> AgentMessage {
+        AgentMessage {
+            kind: Some(Kind::Hello(Hello {
+                run_id: "run-1".into(),
+                rank: 1,
+                world_size: 4,
+                hostname: "node-0".into(),
+                schema_major: rankscope_proto::SCHEMA_MAJOR,
+                agent_version: "0.1.0".into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    /// A batch with rows in every table and awkward floats.
+    fn valid_batch(seq: u64) -> AgentMessage {
+        let floats = [f64::NAN, f64::INFINITY, -0.0, f64::MIN_POSITIVE, 1e308];
+        AgentMessage {
+            kind: Some(Kind::Batch(Batch {
+                seq,
+                r#final: seq.is_multiple_of(2),
+                steps: floats
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| StepRow {
+                        step: i as u64,
+                        step_ms: x,
+                        loss: Some(x),
+                        rss_bytes: Some(u64::MAX),
+                        ..Default::default()
+                    })
+                    .collect(),
+                layers: vec![LayerRow {
+                    layer: "encoder.layers.0.attn.层".into(),
+                    stable_rank: Some(f64::NEG_INFINITY),
+                    conv_layout: "channelwise".into(),
+                    ..Default::default()
+                }],
+                runs: vec![RunRow {
+                    mode: 99,
+                    workload: "mlp".into(),
+                    ..Default::default()
+                }],
+                ranks: vec![RankRow {
+                    finished_at: Some(i64::MIN),
+                    ..Default::default()
+                }],
+                model: vec![ModelRow {
+                    layer: "fc".into(),
+                    output_shape: "[8, 16]".into(),
+                    ..Default::default()
+                }],
+                events: vec![EventRow {
+                    kind: "rows_dropped".into(),
+                    message: "é".repeat(100),
+                    value: Some(-1),
+                    ..Default::default()
+                }],
+            })),
+        }
+    }
+
+    /// One fuzzer-style mutation of `input`.
+    fn mutate(rng: &mut Rng, input: &mut Vec<u8>) {
+        let len = input.len();
+        match rng.below(7) {
+            0 if len > 0 => input[rng.below(len)] ^= 1 << rng.below(8),
+            1 if len > 0 => input[rng.below(len)] = rng.next() as u8,
+            2 => {
+                let at = rng.below(len + 1);
+                let n = 1 + rng.below(8);
+                let extra = rng.bytes(n);
+                input.splice(at..at, extra);
+            }
+            3 => input.truncate(rng.below(len + 1)),
+            4 if len > 0 => {
+                // Repeat a slice: repeated fields, duplicated tags.
+                let start = rng.below(len);
+                let end = start + rng.below(len - start) + 1;
+                let chunk = input[start..end].to_vec();
+                let at = rng.below(len + 1);
+                input.splice(at..at, chunk);
+            }
+            5 if len > 0 => {
+                // An "interesting" varint byte where a length or tag was.
+                let at = rng.below(len);
+                input[at] = [0x00, 0x7f, 0x80, 0xff, 0x0a, 0x12][rng.below(6)];
+            }
+            _ if len > 0 => {
+                // Flip a bit in the second half, where a batch's later rows are.
+                let at = len / 2 + rng.below(len - len / 2);
+                input[at] ^= 1 << rng.below(8);
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn valid_messages_pass_the_whole_path() {
+        assert_eq!(
+            agent_message(&valid_hello().encode_to_vec()),
+            Outcome::Hello
+        );
+        assert_eq!(
+            agent_message(&valid_batch(1).encode_to_vec()),
+            Outcome::Batch { rows: 10, files: 6 }
+        );
+        assert!(matches!(
+            agent_message(&valid_batch(0).encode_to_vec()),
+            Outcome::Refused(m) if m.contains("start at 1")
+        ));
+        assert_eq!(agent_message(&[]), Outcome::Empty);
+        assert_eq!(agent_message(&[0xff, 0xff]), Outcome::Undecodable);
+    }
+
+    #[test]
+    fn an_explicit_negative_zero_keeps_its_sign_through_decode_and_arrow() {
+        // StepRow.step_ms (field 3, fixed64) = -0.0, as spec-conforming encoders
+        // send it (prost's own encoder drops it: tokio-rs/prost#1177).
+        let mut row = vec![0x19];
+        row.extend_from_slice(&(-0.0f64).to_bits().to_le_bytes());
+        let mut bytes = vec![0x08, 0x01, 0x1a, row.len() as u8];
+        bytes.extend_from_slice(&row);
+        let decoded = Batch::decode(&bytes[..]).unwrap();
+        assert!(decoded.steps[0].step_ms.is_sign_negative());
+        let rows = crate::table::Rows::Steps(vec![crate::table::Stamped {
+            rank: 0,
+            seq: 1,
+            row: decoded.steps[0],
+        }]);
+        let record_batch = rows.to_record_batch(RUN_ID).unwrap();
+        let step_ms = record_batch
+            .column_by_name("step_ms")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<arrow::array::Float64Array>()
+            .unwrap();
+        assert_eq!(step_ms.value(0).to_bits(), (-0.0f64).to_bits());
+        assert_eq!(batch(&bytes), Outcome::Batch { rows: 1, files: 1 });
+    }
+
+    #[test]
+    fn thousands_of_random_and_mutated_messages_never_panic() {
+        let mut rng = Rng(0x5eed_0f4a_11da_7a00);
+        let inner = |m: AgentMessage| match m.kind {
+            Some(Kind::Hello(h)) => h.encode_to_vec(),
+            Some(Kind::Batch(b)) => b.encode_to_vec(),
+            None => Vec::new(),
+        };
+        type Target = fn(&[u8]) -> Outcome;
+        let targets: [(Target, Vec<Vec<u8>>); 3] = [
+            (
+                agent_message,
+                vec![
+                    valid_hello().encode_to_vec(),
+                    valid_batch(1).encode_to_vec(),
+                    valid_batch(7).encode_to_vec(),
+                ],
+            ),
+            (hello, vec![inner(valid_hello())]),
+            (batch, vec![inner(valid_batch(1)), inner(valid_batch(2))]),
+        ];
+        let mut seen: HashMap<&'static str, usize> = HashMap::new();
+        for (target, seeds) in &targets {
+            for i in 0..1500 {
+                let input = if i % 5 == 0 {
+                    let len = rng.below(256);
+                    rng.bytes(len)
+                } else {
+                    let mut input = seeds[rng.below(seeds.len())].clone();
+                    for _ in 0..1 + rng.below(2) {
+                        mutate(&mut rng, &mut input);
+                    }
+                    input
+                };
+                let name = match target(&input) {
+                    Outcome::Undecodable => "undecodable",
+                    Outcome::Empty => "empty",
+                    Outcome::Refused(_) => "refused",
+                    Outcome::Hello => "hello",
+                    Outcome::Batch { .. } => "batch",
+                };
+                *seen.entry(name).or_default() += 1;
+            }
+        }
+        eprintln!("{seen:?}");
+        // The mix proves the mutations reach every stage, not just the decoder.
+        for outcome in ["undecodable", "refused", "hello", "batch"] {
+            assert!(
+                seen.get(outcome).copied().unwrap_or(0) > 100,
+                "too few {outcome} outcomes to trust the mix: {seen:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,783 @@
+//! Hostile input and a hostile disk against the real collector binary on
+//! 127.0.0.1:0: bytes that are not protobuf, batches that break the limits, odd
+//! sequence numbers, odd floats and labels, path-like run ids, too many streams,
+//! a filesystem below `--min-free-bytes` and a filesystem that really fills up.
+//!
+//! Each refusal must carry a clear status and message, end only its own stream,
+//! and leave the collector serving: a well-formed "bystander" stream open across
+//! the test still lands every row, checked with the real DuckDB CLI.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::Bytes;
+use prost::Message;
+use rankscope_proto::v1::agent_message::Kind as AgentKind;
+use rankscope_proto::v1::{AgentMessage, Batch, EventRow, LayerRow, StepRow};
+use rankscope_tests::{
+    ANSWER_TIMEOUT, CollectorProc, RawStream, batch, count, duckdb, hello, open, open_with, table,
+};
+use tonic::{Code, Status};
+
+/// Collector arguments that make commits (and so acks) quick.
+const FAST: [&str; 2] = ["--max-file-age", "100ms"];
+
+fn hello_message(run_id: &str, rank: u32) -> AgentMessage {
+    AgentMessage {
+        kind: Some(AgentKind::Hello(hello(run_id, rank))),
+    }
+}
+
+fn batch_message(b: Batch) -> AgentMessage {
+    AgentMessage {
+        kind: Some(AgentKind::Batch(b)),
+    }
+}
+
+/// A well-formed stream that keeps sending while hostile ones come and go.
+struct Bystander {
+    stream: RawStream,
+    seq: u64,
+}
+
+impl Bystander {
+    const ROWS: u64 = 5;
+
+    async fn open(addr: &str) -> Bystander {
+        let (stream, _) = open(addr, hello("bystander", 0)).await.expect("opens");
+        Bystander { stream, seq: 0 }
+    }
+
+    /// Sends one more batch and waits until it is durable.
+    async fn lands_a_batch(&mut self) {
+        self.seq += 1;
+        self.stream.send(batch(self.seq, Self::ROWS, false)).await;
+        assert_eq!(self.stream.acked(self.seq).await, self.seq);
+    }
+
+    /// Rows it has had acknowledged.
+    fn rows(&self) -> u64 {
+        self.seq * Self::ROWS
+    }
+}
+
+/// Checks, after the collector stopped, that the bystander's rows are all there once.
+fn bystander_landed(out: &Path, rows: u64) {
+    assert_eq!(count(out, "steps", "run_id = 'bystander'"), rows);
+    let dups = duckdb(&format!(
+        "select count(*) from (select step from {} where run_id = 'bystander' group by step having count(*) > 1)",
+        table(out, "steps")
+    ));
+    assert_eq!(dups.trim(), "0");
+}
+
+/// One gRPC frame: compression flag, big-endian length, payload.
+fn frame(flag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![flag];
+    f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Sends `body` as the whole request of one `Collector/Stream` call over a raw
+/// HTTP/2 connection (no gRPC library on the client side), and returns the status
+/// the collector ends the call with.
+async fn raw_call(addr: &str, body: Vec<u8>) -> Status {
+    tokio::time::timeout(ANSWER_TIMEOUT, async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        tokio::spawn(connection);
+        let mut client = client.ready().await.expect("h2 ready");
+        let request = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}/rankscope.v1.Collector/Stream"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .expect("request");
+        let (response, mut send) = client
+            .send_request(request, body.is_empty())
+            .expect("send headers");
+        if !body.is_empty() {
+            send.send_data(Bytes::from(body), true).expect("send body");
+        }
+        let response = response.await.expect("response headers");
+        let (parts, mut body) = response.into_parts();
+        if let Some(status) = Status::from_header_map(&parts.headers) {
+            return status; // a trailers-only answer
+        }
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.expect("response body");
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        let trailers = body.trailers().await.expect("trailers").expect("some");
+        Status::from_header_map(&trailers).expect("a grpc-status trailer")
+    })
+    .await
+    .expect("the collector answers a raw call within 30 s")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_bytes_are_refused_with_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = CollectorProc::start(dir.path(), &FAST);
+    let addr = collector.addr.clone();
+    let mut bystander = Bystander::open(&addr).await;
+    bystander.lands_a_batch().await;
+
+    let hello_frame = frame(0, &hello_message("raw", 0).encode_to_vec());
+    let garbage = b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff this is not protobuf".to_vec();
+    let after_hello = |bytes: Vec<u8>| [hello_frame.clone(), bytes].concat();
+    let good_batch = batch_message(batch(1, 3, false)).encode_to_vec();
+    let cases: Vec<(&str, Vec<u8>, Code, &str)> = vec![
+        (
+            "garbage instead of a Hello",
+            frame(0, &garbage),
+            Code::InvalidArgument,
+            "malformed message from the agent",
+        ),
+        (
+            "garbage after a valid Hello",
+            after_hello(frame(0, &garbage)),
+            Code::InvalidArgument,
+            "malformed message from the agent",
+        ),
+        (
+            "a protobuf of another message (a Welcome) after a valid Hello",
+            after_hello(frame(0, &[0x08, 0x05, 0x12, 0x01, b'x'])),
+            Code::InvalidArgument,
+            "malformed message from the agent",
+        ),
+        (
+            "a batch cut short mid-frame",
+            after_hello(frame(0, &good_batch)[..good_batch.len() / 2].to_vec()),
+            Code::InvalidArgument,
+            "malformed message from the agent",
+        ),
+        (
+            "a compressed flag without a grpc-encoding",
+            after_hello(frame(1, &good_batch)),
+            Code::InvalidArgument,
+            "compressed-flag",
+        ),
+        (
+            "an unknown compression flag",
+            after_hello(frame(7, &good_batch)),
+            Code::InvalidArgument,
+            "invalid compression flag",
+        ),
+        (
+            "a length prefix of 4 GiB",
+            after_hello(vec![0, 0xff, 0xff, 0xff, 0xff, 1, 2, 3]),
+            Code::OutOfRange,
+            "message length too large",
+        ),
+        (
+            "an empty AgentMessage first",
+            frame(0, &[]),
+            Code::InvalidArgument,
+            "first message of a stream must be a Hello",
+        ),
+        (
+            "no message at all",
+            Vec::new(),
+            Code::InvalidArgument,
+            "first message of a stream must be a Hello",
+        ),
+    ];
+    for (what, body, code, says) in cases {
+        let status = raw_call(&addr, body).await;
+        assert_eq!(status.code(), code, "{what}: {status:?}");
+        assert!(status.message().contains(says), "{what}: {status:?}");
+        bystander.lands_a_batch().await;
+    }
+
+    // The raw client itself is sound: a valid Hello and batch over it land.
+    let status = raw_call(
+        &addr,
+        after_hello(frame(0, &batch_message(batch(1, 3, true)).encode_to_vec())),
+    )
+    .await;
+    assert_eq!(status.code(), Code::Ok, "{status:?}");
+
+    // Many hostile calls at once, beside the bystander.
+    let storm: Vec<_> = (0..32u8)
+        .map(|i| {
+            let addr = addr.clone();
+            let body = after_hello(frame(0, &[i, 0xff, i.wrapping_mul(37), 0x80]));
+            tokio::spawn(async move { raw_call(&addr, body).await })
+        })
+        .collect();
+    bystander.lands_a_batch().await;
+    for call in storm {
+        let status = call.await.unwrap();
+        assert_ne!(status.code(), Code::Ok, "{status:?}");
+    }
+    bystander.lands_a_batch().await;
+
+    let rows = bystander.rows();
+    drop(bystander);
+    assert!(collector.stop(), "the collector exits 0 after all that");
+    bystander_landed(dir.path(), rows);
+    assert_eq!(count(dir.path(), "steps", "run_id = 'raw'"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_breaking_the_protocol_or_limits_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = CollectorProc::start(dir.path(), &FAST);
+    let addr = collector.addr.clone();
+    let mut bystander = Bystander::open(&addr).await;
+    bystander.lands_a_batch().await;
+
+    let long_layer = |len: usize| {
+        let mut b = batch(1, 0, false);
+        b.layers.push(LayerRow {
+            layer: "x".repeat(len),
+            ..Default::default()
+        });
+        b
+    };
+    let mut long_event = batch(1, 0, false);
+    long_event.events.push(EventRow {
+        kind: "note".into(),
+        message: "m".repeat(4097),
+        ..Default::default()
+    });
+    // Over the rows limit, far under the 16 MiB message limit (about 1.4 MiB).
+    let too_many_rows = batch(1, 100_001, false);
+    assert!(too_many_rows.encoded_len() < 2 * 1024 * 1024);
+    let cases: Vec<(&str, Vec<Batch>, &str)> = vec![
+        (
+            "100,001 rows in one batch",
+            vec![too_many_rows],
+            "batch of 100001 rows is too large (at most 100000)",
+        ),
+        ("seq 0", vec![batch(0, 1, false)], "seq must start at 1"),
+        (
+            "a seq jump past the limit",
+            vec![batch(1, 1, false), batch(1_000_000_002, 1, false)],
+            "jumps more than 1000000000 past the last accepted seq 1",
+        ),
+        (
+            "a 257-byte layer name",
+            vec![long_layer(257)],
+            "layer of 257 bytes is too long (at most 256)",
+        ),
+        (
+            "a 4097-byte event message",
+            vec![long_event],
+            "message of 4097 bytes is too long (at most 4096)",
+        ),
+    ];
+    for (n, (what, batches, says)) in cases.into_iter().enumerate() {
+        let (mut stream, _) = open(&addr, hello(&format!("limits-{n}"), 0)).await.unwrap();
+        for b in batches {
+            stream.send(b).await;
+        }
+        let status = stream.error().await;
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        assert!(status.message().contains(says), "{what}: {status:?}");
+        bystander.lands_a_batch().await;
+    }
+
+    // A stream that opens with a Batch, or sends a second Hello.
+    let status = open_with(&addr, batch_message(batch(1, 1, false)))
+        .await
+        .err()
+        .expect("a Batch first is refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("first message of a stream must be a Hello"),
+        "{status:?}"
+    );
+    let (mut twice, _) = open(&addr, hello("twice", 0)).await.unwrap();
+    twice.send(batch(1, 4, false)).await;
+    twice.send_message(hello_message("twice", 0)).await;
+    let status = twice.error().await;
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("a stream carries one Hello, first"),
+        "{status:?}"
+    );
+    bystander.lands_a_batch().await;
+
+    // At the limits exactly, everything is accepted.
+    let (mut edge, _) = open(&addr, hello("edge", 0)).await.unwrap();
+    edge.send(batch(1, 100_000, false)).await;
+    let mut b = long_layer(256);
+    b.seq = 1_000_000_001;
+    b.r#final = true;
+    edge.send(b).await;
+    assert_eq!(edge.acked(1_000_000_001).await, 1_000_000_001);
+
+    let rows = bystander.rows();
+    drop((bystander, edge));
+    assert!(collector.stop());
+    let out = dir.path();
+    bystander_landed(out, rows);
+    assert_eq!(count(out, "steps", "run_id = 'edge'"), 100_000);
+    assert_eq!(count(out, "layers", "run_id = 'edge'"), 1);
+    // A refused batch stores nothing; the batch before it on that stream stays.
+    assert_eq!(count(out, "steps", "run_id like 'limits-%'"), 1);
+    assert_eq!(count(out, "steps", "run_id = 'twice'"), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reused_seqs_are_acknowledged_but_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = CollectorProc::start(dir.path(), &FAST);
+    let (mut stream, _) = open(&collector.addr, hello("reuse", 2)).await.unwrap();
+    // Resent on the same stream, before and after they became durable.
+    for seq in [1, 2, 2, 1, 3] {
+        stream.send(batch(seq, 10, false)).await;
+    }
+    assert_eq!(stream.acked(3).await, 3);
+    for seq in [3, 1, 2] {
+        stream.send(batch(seq, 10, false)).await;
+        assert!(
+            stream.acked(3).await >= 3,
+            "a durable resend is acked at once"
+        );
+    }
+    drop(stream);
+    // And on a new stream after a reconnect.
+    let (mut again, durable) = open(&collector.addr, hello("reuse", 2)).await.unwrap();
+    assert_eq!(durable, 3);
+    for seq in 1..=4 {
+        again.send(batch(seq, 10, seq == 4)).await;
+    }
+    assert_eq!(again.acked(4).await, 4);
+    drop(again);
+    assert!(collector.stop());
+    let out = dir.path();
+    assert_eq!(count(out, "steps", ""), 40);
+    let dups = duckdb(&format!(
+        "select count(*) from (select step from {} group by step having count(*) > 1)",
+        table(out, "steps")
+    ));
+    assert_eq!(dups.trim(), "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_floats_and_long_unicode_labels_are_stored_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = CollectorProc::start(dir.path(), &FAST);
+    let floats = [
+        f64::NAN,
+        -f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        -0.0,
+        0.0,
+        5e-324, // the smallest subnormal
+        f64::MAX,
+    ];
+    let names = [
+        // Exactly 256 bytes: 85 three-byte characters and one ASCII.
+        format!("{}a", "层".repeat(85)),
+        // Combining marks, a ZWJ emoji sequence, right-to-left text.
+        format!("e\u{301}.👩\u{200d}🔬.{}", "مرحبا".repeat(20)),
+        "model.blocks.0.attn'; drop table layers; --,\"quoted\"".to_string(),
+        "🦀".repeat(64), // 256 bytes of 4-byte characters
+    ];
+    for name in &names {
+        assert!(name.len() <= 256, "{} bytes", name.len());
+    }
+    let mut b = batch(1, 0, true);
+    b.steps = floats
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| StepRow {
+            step: i as u64,
+            step_ms: x,
+            loss: Some(x),
+            ..Default::default()
+        })
+        .collect();
+    b.layers = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| LayerRow {
+            step: i as u64,
+            layer: name.clone(),
+            stable_rank: Some(floats[i]),
+            ..Default::default()
+        })
+        .collect();
+    let (mut stream, _) = open(&collector.addr, hello("odd", 0)).await.unwrap();
+    stream.send(b).await;
+    assert_eq!(stream.acked(1).await, 1);
+    drop(stream);
+    assert!(collector.stop());
+
+    let out = dir.path();
+    // The sign of -0.0 is checked on `loss`, an `optional` field: prost's encoder
+    // (the sender's side) drops -0.0 from implicit-presence doubles such as
+    // `step_ms`, as if it were the default +0.0 (tokio-rs/prost#1177).
+    let counts = duckdb(&format!(
+        "select count(*) filter (where isnan(loss)), \
+                count(*) filter (where isinf(loss) and loss > 0), \
+                count(*) filter (where isinf(loss) and loss < 0), \
+                count(*) filter (where loss = 0 and signbit(loss)), \
+                count(*) filter (where loss = 0 and not signbit(loss)), \
+                count(*) filter (where loss = 5e-324), \
+                count(*) filter (where loss = 1.7976931348623157e308), \
+                count(*) filter (where isnan(step_ms)), \
+                count(*) filter (where isinf(step_ms)) \
+         from {}",
+        table(out, "steps")
+    ));
+    assert_eq!(counts.trim(), "2,1,1,1,1,1,1,2,2");
+    // Each name, byte for byte, in step order.
+    let stored = duckdb(&format!(
+        "select hex(layer) from {} order by step",
+        table(out, "layers")
+    ));
+    let expected: Vec<String> = names
+        .iter()
+        .map(|n| n.bytes().map(|b| format!("{b:02X}")).collect())
+        .collect();
+    assert_eq!(stored.lines().collect::<Vec<_>>(), expected);
+    let ranks = duckdb(&format!(
+        "select count(*) filter (where isnan(stable_rank)), count(*) filter (where isinf(stable_rank)) from {}",
+        table(out, "layers")
+    ));
+    assert_eq!(ranks.trim(), "2,2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_like_run_ids_are_refused_and_touch_no_folder() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("out");
+    let collector = CollectorProc::start(&out, &FAST);
+    let mut bystander = Bystander::open(&collector.addr).await;
+    for bad in [
+        "..%2f",
+        "..%2fetc",
+        "%2e%2e",
+        "a\\b",
+        "..\\..\\x",
+        "a\0b",
+        "run\0",
+        "C:",
+        "C:\\Windows",
+        "c:/x",
+        "run/",
+        "./run",
+        ".",
+        "~root",
+        "$HOME",
+        "run\n",
+        "ｒｕｎ", // full-width letters
+        "\u{202e}run",
+        "run=1/x",
+        "/",
+    ] {
+        let status = open(&collector.addr, hello(bad, 0))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{bad:?} was accepted"));
+        assert_eq!(status.code(), Code::InvalidArgument, "{bad:?}");
+        assert!(
+            status.message().contains("run id") && status.message().contains("is not allowed"),
+            "{bad:?}: {status:?}"
+        );
+    }
+    bystander.lands_a_batch().await;
+    let rows = bystander.rows();
+    drop(bystander);
+    assert!(collector.stop());
+    // Nothing was created beside the output directory, and inside it only the
+    // bystander's run.
+    let beside: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(beside, ["out"]);
+    let runs: Vec<_> = std::fs::read_dir(out.join("steps"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(runs, ["run_id=bystander"]);
+    bystander_landed(&out, rows);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_over_max_streams_is_refused_and_the_others_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = FAST.to_vec();
+    args.extend(["--max-streams", "2"]);
+    let collector = CollectorProc::start(dir.path(), &args);
+    let addr = collector.addr.clone();
+    let (mut first, _) = open(&addr, hello("slots", 0)).await.unwrap();
+    let (mut second, _) = open(&addr, hello("slots", 1)).await.unwrap();
+    let status = open(&addr, hello("slots", 2))
+        .await
+        .err()
+        .expect("a third stream is refused");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("too many streams: 2 are open (limit 2); raise --max-streams"),
+        "{status:?}"
+    );
+    first.send(batch(1, 5, false)).await;
+    second.send(batch(1, 5, false)).await;
+    assert_eq!(first.acked(1).await, 1);
+    assert_eq!(second.acked(1).await, 1);
+
+    // Refused and malformed streams give their slot back: with one stream open,
+    // a second still opens after many failures.
+    drop(second);
+    for _ in 0..8 {
+        raw_call(&addr, frame(0, b"\xff\xff garbage")).await;
+        let _ = open(&addr, hello("../x", 0)).await.err().expect("refused");
+    }
+    let (mut third, _) = within(Duration::from_secs(10), || open(&addr, hello("slots", 2))).await;
+    third.send(batch(1, 5, true)).await;
+    first.send(batch(2, 5, true)).await;
+    assert_eq!(third.acked(1).await, 1);
+    assert_eq!(first.acked(2).await, 2);
+    drop((first, third));
+    assert!(collector.stop());
+    assert_eq!(count(dir.path(), "steps", ""), 20);
+}
+
+/// Retries `open` until it succeeds or `limit` passes (a closed stream frees its
+/// slot shortly after the client goes away).
+async fn within<F, Fut>(limit: Duration, open: F) -> (RawStream, u64)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(RawStream, u64), Status>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match open().await {
+            Ok(opened) => return opened,
+            Err(status) if tokio::time::Instant::now() < deadline => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => panic!("no slot within {limit:?}: {status:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_min_free_bytes_batches_are_refused_until_there_is_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let one_eib = (1u64 << 60).to_string();
+    let mut args = FAST.to_vec();
+    args.extend(["--min-free-bytes", &one_eib]);
+    let collector = CollectorProc::start(&out, &args);
+    let (mut stream, _) = open(&collector.addr, hello("floor", 0)).await.unwrap();
+    stream.send(batch(1, 7, false)).await;
+    let status = stream.error().await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    for part in [
+        &format!("the filesystem holding {}", out.display()),
+        " bytes free, below --min-free-bytes 1152921504606846976",
+        "free space there or restart the collector with --out on a larger disk",
+        "resend this batch later",
+    ] {
+        assert!(status.message().contains(part), "{part:?}: {status:?}");
+    }
+    drop(stream);
+    assert!(collector.stop());
+    assert!(!out.join("steps").exists(), "nothing was accepted");
+
+    // With the default floor, the agent's resend lands, once.
+    let collector = CollectorProc::start(&out, &FAST);
+    let (mut stream, durable) = open(&collector.addr, hello("floor", 0)).await.unwrap();
+    assert_eq!(durable, 0);
+    stream.send(batch(1, 7, false)).await;
+    stream.send(batch(1, 7, false)).await;
+    assert_eq!(stream.acked(1).await, 1);
+    drop(stream);
+    assert!(collector.stop());
+    assert_eq!(count(&out, "steps", "run_id = 'floor'"), 7);
+}
+
+/// A tmpfs mounted for one test, unmounted when dropped (also on failure).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (`512k`) on `dir`; `Err` says why it cannot.
+    fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        let output = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if output.status.success() {
+            Ok(Tmpfs(dir.to_path_buf()))
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).trim().to_string())
+        }
+    }
+
+    fn resize(&self, size: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "remount to {size}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let unmounted = Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// Batch `seq` of `rows` steps whose floats do not compress (so files are big).
+fn incompressible(seq: u64, rows: u64, state: &mut u64) -> Batch {
+    let mut next = || {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        f64::from_bits(*state >> 12 | 0x3ff0_0000_0000_0000)
+    };
+    let mut b = batch(seq, rows, false);
+    for row in &mut b.steps {
+        row.step_ms = next();
+        row.loss = Some(next());
+        row.grad_norm = Some(next());
+        row.lr = Some(next());
+    }
+    b
+}
+
+/// Every path under `dir`, recursively.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_commits_cleanly_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mount = match Tmpfs::mount(dir.path(), "512k") {
+        Ok(mount) => mount,
+        Err(why) => {
+            eprintln!("skipping the full-disk test: cannot mount a tmpfs here ({why})");
+            return;
+        }
+    };
+    let out = dir.path().join("out");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut args = FAST.to_vec();
+    args.extend(["--min-free-bytes", "0"]);
+    let mut collector = CollectorProc::start_logged(&out, &args, log.path());
+    let (mut stream, _) = open(&collector.addr, hello("full", 0)).await.unwrap();
+
+    // Fill the disk: send until a batch is not acknowledged.
+    let (rows, mut state) = (2000, 0x9e37_79b9_7f4a_7c15u64);
+    let mut sent = 0;
+    let mut acked = 0;
+    while sent < 60 {
+        sent += 1;
+        stream.send(incompressible(sent, rows, &mut state)).await;
+        match stream.ack_within(Duration::from_secs(3)).await {
+            Some(seq) => acked = seq,
+            None => break,
+        }
+        while acked < sent {
+            match stream.ack_within(Duration::from_secs(3)).await {
+                Some(seq) => acked = seq,
+                None => break,
+            }
+        }
+        if acked < sent {
+            break;
+        }
+    }
+    assert!(acked < sent, "512 KiB never filled up after {sent} batches");
+    assert!(acked > 0, "some batches fit before the disk filled");
+
+    // The collector says why, and lives on.
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    while !collector.log().contains("is full") && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logged = collector.log();
+    for part in [
+        "commit failed",
+        &format!("the filesystem holding {} is full", out.display()),
+        "No space left on device",
+        "free space there or restart the collector with --out on a larger disk",
+    ] {
+        assert!(logged.contains(part), "{part:?} not in the log:\n{logged}");
+    }
+    assert!(collector.alive());
+    eprintln!("disk full after {acked} of {sent} batches were acknowledged");
+    let (other, durable) = open(&collector.addr, hello("full", 0)).await.unwrap();
+    assert_eq!(durable, acked, "the Welcome carries what is durable");
+    drop(other);
+
+    // Nothing partial is visible: every globbed file is a whole Parquet file,
+    // holding exactly the acknowledged rows.
+    for path in walk(&out) {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            name.starts_with('.') || name.ends_with(".parquet") || name.ends_with(".json"),
+            "unexpected visible file {}",
+            path.display()
+        );
+    }
+    assert_eq!(count(&out, "steps", ""), acked * rows);
+
+    // Free space: the retried commit lands what was held, then the rest arrives.
+    mount.resize("64m");
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    while acked < sent {
+        let left = deadline - tokio::time::Instant::now();
+        acked = stream
+            .ack_within(left)
+            .await
+            .expect("the held batches are acknowledged once there is room");
+    }
+    stream
+        .send(incompressible(sent + 1, rows, &mut state))
+        .await;
+    assert_eq!(stream.acked(sent + 1).await, sent + 1);
+    drop(stream);
+    assert!(collector.stop(), "the collector exits 0");
+
+    let leftovers: Vec<_> = walk(&out)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    assert_eq!(count(&out, "steps", ""), (sent + 1) * rows, "no row lost");
+    let dups = duckdb(&format!(
+        "select count(*) from (select seq, step from {} group by all having count(*) > 1)",
+        table(&out, "steps")
+    ));
+    assert_eq!(dups.trim(), "0", "no row stored twice");
+    drop(mount);
+}
