@@ -228,6 +228,8 @@ impl Inner {
         let mut tc = TransportConfig::new(&config.collector);
         tc.queue_rows = config.queue_rows;
         tc.token = config.token.clone();
+        tc.spill_dir = config.spill_dir.clone();
+        tc.spill_bytes = config.spill_max_bytes;
         let transport = Arc::new(Transport::start(tc, hello)?);
         if config.rank == 0 {
             transport.send(Row::Run(RunRow {

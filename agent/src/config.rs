@@ -19,8 +19,11 @@
 //! | `RANKSCOPE_CONV_LAYOUT` | `channelwise` or `flatten` | `channelwise` |
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
 //! | `RANKSCOPE_TOKEN` | bearer token the collector requires (`--token-file`) | none |
+//! | `RANKSCOPE_SPILL_DIR` | where unacknowledged batches wait on disk (`off`: memory only) | `rankscope-spill` in the temporary directory |
+//! | `RANKSCOPE_SPILL_MAX_BYTES` | bound on one rank's spill (`K`, `M`, `G` suffixes) | `1G` |
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub const RANK: &str = "RANK";
@@ -46,10 +49,18 @@ pub const RANKSCOPE_CENTER: &str = "RANKSCOPE_CENTER";
 pub const RANKSCOPE_CONV_LAYOUT: &str = "RANKSCOPE_CONV_LAYOUT";
 pub const RANKSCOPE_ON_CONFIG_ERROR: &str = "RANKSCOPE_ON_CONFIG_ERROR";
 pub const RANKSCOPE_TOKEN: &str = "RANKSCOPE_TOKEN";
+pub const RANKSCOPE_SPILL_DIR: &str = "RANKSCOPE_SPILL_DIR";
+pub const RANKSCOPE_SPILL_MAX_BYTES: &str = "RANKSCOPE_SPILL_MAX_BYTES";
 
 pub const DEFAULT_COLLECTOR: &str = "127.0.0.1:50051";
 pub const DEFAULT_SAMPLE_EVERY: u64 = 10;
 pub const DEFAULT_MAX_ROWS: usize = 4096;
+pub const DEFAULT_SPILL_MAX_BYTES: u64 = 1 << 30;
+
+/// The default spill root: `rankscope-spill` in the temporary directory.
+pub fn default_spill_dir() -> PathBuf {
+    std::env::temp_dir().join("rankscope-spill")
+}
 
 /// What the agent records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -143,6 +154,10 @@ pub enum ConfigError {
     ConvLayout(String),
     #[error("{RANKSCOPE_ON_CONFIG_ERROR}={0:?}: use fail or disable")]
     OnError(String),
+    #[error(
+        "{RANKSCOPE_SPILL_MAX_BYTES}={0:?} is not a size: use bytes with an optional K, M or G suffix, e.g. 512M"
+    )]
+    SpillBytes(String),
 }
 
 /// Layer name patterns: comma-separated, `*` matches any run of characters.
@@ -220,6 +235,10 @@ pub struct AgentConfig {
     pub workload: String,
     /// Bearer token for the collector.
     pub token: Option<String>,
+    /// Root of the spill directories; `None` keeps unacknowledged batches in memory.
+    pub spill_dir: Option<PathBuf>,
+    /// Bound on one rank's spill, in bytes.
+    pub spill_max_bytes: u64,
 }
 
 impl AgentConfig {
@@ -275,6 +294,9 @@ pub struct AgentConfigBuilder {
     pub queue_rows: Option<usize>,
     pub workload: Option<String>,
     pub token: Option<String>,
+    /// `Some(None)` turns the spill off.
+    pub spill_dir: Option<Option<PathBuf>>,
+    pub spill_max_bytes: Option<u64>,
     pub on_config_error: Option<OnConfigError>,
 }
 
@@ -304,6 +326,8 @@ impl AgentConfigBuilder {
     setter!(queue_rows: usize);
     setter!(workload: String);
     setter!(token: String);
+    setter!(spill_dir: Option<PathBuf>);
+    setter!(spill_max_bytes: u64);
     setter!(on_config_error: OnConfigError);
 
     /// Reads the process environment for whatever was not set in code.
@@ -476,6 +500,21 @@ impl AgentConfigBuilder {
         if !matches!(conv_layout.as_str(), "channelwise" | "flatten") {
             return Err(ConfigError::ConvLayout(conv_layout));
         }
+        let spill_dir = match self.spill_dir.clone() {
+            Some(dir) => dir,
+            None => match env(RANKSCOPE_SPILL_DIR) {
+                Some(v) if v.trim() == "off" => None,
+                Some(v) => Some(PathBuf::from(v)),
+                None => Some(default_spill_dir()),
+            },
+        };
+        let spill_max_bytes = match self.spill_max_bytes {
+            Some(n) => n,
+            None => match env(RANKSCOPE_SPILL_MAX_BYTES) {
+                Some(v) => parse_size(&v).ok_or(ConfigError::SpillBytes(v))?,
+                None => DEFAULT_SPILL_MAX_BYTES,
+            },
+        };
         self.on_error_with(env)?;
         Ok(AgentConfig {
             rank,
@@ -505,8 +544,22 @@ impl AgentConfigBuilder {
             queue_rows: self.queue_rows.unwrap_or(65_536),
             workload: self.workload.clone().unwrap_or_default(),
             token: self.token.clone().or_else(|| env(RANKSCOPE_TOKEN)),
+            spill_dir,
+            spill_max_bytes,
         })
     }
+}
+
+/// Bytes, with an optional binary `K`, `M` or `G` suffix.
+fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, shift) = match text.char_indices().last()? {
+        (i, 'k' | 'K') => (&text[..i], 10),
+        (i, 'm' | 'M') => (&text[..i], 20),
+        (i, 'g' | 'G') => (&text[..i], 30),
+        _ => (text, 0),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 fn parse_bool(text: &str) -> Option<bool> {
@@ -705,6 +758,10 @@ mod tests {
                 &[(RANKSCOPE_ON_CONFIG_ERROR, "ignore")],
                 "use fail or disable",
             ),
+            (
+                &[(RANKSCOPE_SPILL_MAX_BYTES, "lots")],
+                "RANKSCOPE_SPILL_MAX_BYTES=\"lots\" is not a size",
+            ),
         ];
         for (vars, expected) in cases {
             let err = build(vars).expect_err("inconsistent").to_string();
@@ -725,6 +782,25 @@ mod tests {
         assert_eq!(c.sample_every, 3);
         assert_eq!(c.rank, 1);
         assert!(!c.active(), "rank0 mode leaves rank 1 inert");
+    }
+
+    #[test]
+    fn spill_settings() {
+        let c = build(&[]).unwrap();
+        assert_eq!(c.spill_dir, Some(default_spill_dir()));
+        assert_eq!(c.spill_max_bytes, DEFAULT_SPILL_MAX_BYTES);
+        let c = build(&[
+            (RANKSCOPE_SPILL_DIR, "off"),
+            (RANKSCOPE_SPILL_MAX_BYTES, "512M"),
+        ])
+        .unwrap();
+        assert_eq!(c.spill_dir, None);
+        assert_eq!(c.spill_max_bytes, 512 << 20);
+        let c = build(&[(RANKSCOPE_SPILL_DIR, "spill-here")]).unwrap();
+        assert_eq!(c.spill_dir, Some(PathBuf::from("spill-here")));
+        assert_eq!(parse_size("3k"), Some(3072));
+        assert_eq!(parse_size("17"), Some(17));
+        assert_eq!(parse_size("99999999999G"), None);
     }
 
     #[test]

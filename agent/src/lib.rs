@@ -5,7 +5,8 @@
 //! Layout:
 //! - [`config`]: `RANKSCOPE_*`, torchrun and SLURM variables, and the builder;
 //! - [`row`]: a row of any table;
-//! - [`outbox`]: unacknowledged batches, resent after reconnects;
+//! - [`outbox`]: unacknowledged batches, numbered, bounded, resent after reconnects;
+//! - [`spill`]: the on-disk log that keeps them across outages and crashes;
 //! - [`transport`]: the background thread that batches and streams rows;
 //! - with the `torch` feature: [`metrics`] (the spectral and health metrics),
 //!   [`npy`] (reading saved matrices), [`worker`] (metrics off the training
@@ -17,6 +18,7 @@
 pub mod config;
 pub mod outbox;
 pub mod row;
+pub mod spill;
 pub mod transport;
 
 #[cfg(feature = "torch")]

@@ -1,92 +1,299 @@
-//! Batches not yet acknowledged by the collector, in `seq` order.
+//! Batches not yet acknowledged by the collector, in `seq` order, in memory and
+//! (when a spill directory is set) on disk.
 //!
-//! Every batch stays here until an acknowledgement covers its `seq`. After a
-//! reconnect [`Outbox::rewind`] makes all of them unsent again, so they are
-//! resent in order; the collector drops those it already holds.
+//! Every batch stays until an acknowledgement covers its `seq`. After a reconnect
+//! [`Outbox::rewind`] makes all of them unsent again, so they are resent in order;
+//! the collector drops those it already holds.
 //!
-//! **When full** (more than `max_bytes` of encoded batches): the oldest batch is
-//! dropped and its rows are counted in [`Outbox::dropped_rows`], which the
-//! transport reports as a `rows_dropped` event. Newest data wins, because a
-//! collector that comes back wants to see the run's present.
+//! **Numbering.** A batch gets its `seq` only once the collector has said, in the
+//! first `Welcome` of this process, how many batches of this (run, rank) it already
+//! holds ([`Outbox::welcome`]): a rank restarted under the same run id continues the
+//! sequence of its earlier incarnation instead of colliding with it, even when the
+//! collector was down for the whole run. The numbering is written to the spill, so
+//! a later incarnation reads every batch back with the `seq` it was sent with.
+//!
+//! **With a spill directory** ([`crate::spill`]) every batch is written to disk
+//! when it is cut; memory keeps copies of the newest batches up to `memory_bytes`
+//! and older ones are read back from disk when resent. A process started for the
+//! same run and rank takes over what an earlier one left ([`Outbox::open`]).
+//!
+//! **When full**, the oldest data goes first, because a collector that comes back
+//! wants to see the run's present: past `spill_bytes` on disk the oldest segment
+//! is deleted; without a spill (or once writing to it failed) past `memory_bytes`
+//! the oldest batch is dropped. Either way the rows are counted in
+//! [`Outbox::dropped_rows`], which the transport reports as a `rows_dropped` event
+//! in the next batch, so the loss lands in the data once the collector is back.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 
 use prost::Message;
 use rankscope_proto::v1::Batch;
 
+use crate::spill::{Location, SpillLog};
 use crate::transport::batch_rows;
+
+/// Bounds and the spill directory of one rank.
+#[derive(Debug, Clone)]
+pub struct OutboxConfig {
+    /// The rank's spill directory; `None` keeps batches in memory only.
+    pub spill_dir: Option<PathBuf>,
+    /// Bound on the spill, in bytes.
+    pub spill_bytes: u64,
+    /// Size a spill segment grows to before the next one starts.
+    pub segment_bytes: u64,
+    /// Bound on the batches held in memory, in encoded bytes.
+    pub memory_bytes: usize,
+}
 
 #[derive(Debug)]
 struct Entry {
-    batch: Batch,
+    /// `None` until numbered.
+    seq: Option<u64>,
     rows: u64,
     bytes: usize,
+    /// The batch, while memory holds it.
+    batch: Option<Batch>,
+    /// Where the spill holds it.
+    at: Option<Location>,
 }
 
 /// Unacknowledged batches.
 #[derive(Debug)]
 pub struct Outbox {
     entries: VecDeque<Entry>,
-    next_seq: u64,
+    /// The next `seq`, once the collector's Welcome anchored the numbering.
+    next_seq: Option<u64>,
     /// How many entries, from the front, were sent on the current connection.
     sent: usize,
-    bytes: usize,
-    max_bytes: usize,
+    memory_bytes: usize,
+    config: OutboxConfig,
+    spill: Option<SpillLog>,
+    /// Why the spill is not in use, when one was asked for.
+    spill_error: Option<String>,
     acked_rows: u64,
     dropped_rows: u64,
+    damaged_bytes: u64,
 }
 
 impl Outbox {
-    pub fn new(max_bytes: usize) -> Outbox {
-        Outbox {
+    /// An outbox; with a spill directory, takes over the batches an earlier process
+    /// of the same run and rank left there. A spill that cannot be opened leaves
+    /// the outbox in memory, with the reason in [`Outbox::spill_error`].
+    pub fn open(config: OutboxConfig) -> Outbox {
+        let mut outbox = Outbox {
             entries: VecDeque::new(),
-            next_seq: 1,
+            next_seq: None,
             sent: 0,
-            bytes: 0,
-            max_bytes,
+            memory_bytes: 0,
+            spill: None,
+            spill_error: None,
             acked_rows: 0,
             dropped_rows: 0,
+            damaged_bytes: 0,
+            config,
+        };
+        if let Some(dir) = outbox.config.spill_dir.clone() {
+            match SpillLog::open(&dir, outbox.config.segment_bytes) {
+                Ok((log, replayed)) => {
+                    outbox.damaged_bytes = log.damaged_bytes();
+                    for r in replayed {
+                        outbox.entries.push_back(Entry {
+                            seq: (r.batch.seq > 0).then_some(r.batch.seq),
+                            rows: batch_rows(&r.batch) as u64,
+                            bytes: r.batch.encoded_len(),
+                            batch: None,
+                            at: Some(r.at),
+                        });
+                    }
+                    outbox.spill = Some(log);
+                }
+                Err(e) => {
+                    outbox.spill_error = Some(format!("spill directory {}: {e}", dir.display()))
+                }
+            }
         }
+        outbox
     }
 
-    /// Numbers `batch` with the next `seq` and keeps it.
+    /// In memory only, bounded at `memory_bytes`.
+    pub fn in_memory(memory_bytes: usize) -> Outbox {
+        Outbox::open(OutboxConfig {
+            spill_dir: None,
+            spill_bytes: 0,
+            segment_bytes: 0,
+            memory_bytes,
+        })
+    }
+
+    /// The spill in use, if any.
+    pub fn spill(&self) -> Option<&SpillLog> {
+        self.spill.as_ref()
+    }
+
+    /// Why no spill is in use although one was configured.
+    pub fn spill_error(&self) -> Option<&str> {
+        self.spill_error.as_deref()
+    }
+
+    /// Bytes of damaged spill records skipped when the spill was opened.
+    pub fn damaged_bytes(&self) -> u64 {
+        self.damaged_bytes
+    }
+
+    /// Keeps `batch`, numbered if the numbering is anchored.
     pub fn push(&mut self, mut batch: Batch) {
-        batch.seq = self.next_seq;
-        self.next_seq += 1;
+        let seq = self.next_seq;
+        if let Some(next) = &mut self.next_seq {
+            *next += 1;
+        }
+        batch.seq = seq.unwrap_or(0);
+        let at = self.write(|log| log.append_batch(&batch));
         let bytes = batch.encoded_len();
-        let rows = batch_rows(&batch) as u64;
-        self.bytes += bytes;
-        self.entries.push_back(Entry { batch, rows, bytes });
-        while self.bytes > self.max_bytes && self.entries.len() > 1 {
-            let oldest = self.entries.pop_front().expect("non-empty");
-            self.bytes -= oldest.bytes;
-            self.dropped_rows += oldest.rows;
-            self.sent = self.sent.saturating_sub(1);
+        self.memory_bytes += bytes;
+        self.entries.push_back(Entry {
+            seq,
+            rows: batch_rows(&batch) as u64,
+            bytes,
+            batch: Some(batch),
+            at,
+        });
+        self.enforce_bounds();
+    }
+
+    /// Runs a spill write. On failure (a full disk) the batch stays in memory only,
+    /// the reason is kept and logged once, and later writes try again.
+    fn write<T>(&mut self, f: impl FnOnce(&mut SpillLog) -> std::io::Result<T>) -> Option<T> {
+        let log = self.spill.as_mut()?;
+        match f(log) {
+            Ok(value) => {
+                if self.spill_error.take().is_some() {
+                    tracing::info!(dir = %log.dir().display(), "spill directory writable again");
+                }
+                Some(value)
+            }
+            Err(e) => {
+                if self.spill_error.is_none() {
+                    let why = format!("cannot write spill directory {}: {e}", log.dir().display());
+                    tracing::error!(%why, "new batches stay in memory until it is writable again");
+                    self.spill_error = Some(why);
+                }
+                None
+            }
         }
     }
 
-    /// Renumbers every held batch to follow `durable_seq`: the collector already
-    /// holds that many batches of this (run, rank) from an earlier process.
-    pub fn renumber_after(&mut self, durable_seq: u64) {
-        let mut next = durable_seq + 1;
-        for e in &mut self.entries {
-            e.batch.seq = next;
-            next += 1;
+    fn enforce_bounds(&mut self) {
+        // Disk: delete the oldest segment while over the bound.
+        while let Some(log) = &mut self.spill {
+            if log.bytes() <= self.config.spill_bytes {
+                break;
+            }
+            let Some(oldest) = log.oldest_closed() else {
+                break;
+            };
+            if let Err(e) = log.remove(oldest) {
+                tracing::warn!(error = %e, "cannot delete a spill segment");
+            }
+            while self
+                .entries
+                .front()
+                .and_then(|e| e.at)
+                .is_some_and(|at| at.segment == oldest)
+            {
+                self.drop_front();
+            }
         }
-        self.next_seq = next;
+        // Memory: release copies that are on disk, or drop batches that are not.
+        let mut i = 0;
+        while self.memory_bytes > self.config.memory_bytes && i + 1 < self.entries.len() {
+            let e = &mut self.entries[i];
+            if e.batch.is_some() {
+                if e.at.is_some() && self.spill.is_some() {
+                    e.batch = None;
+                    self.memory_bytes -= e.bytes;
+                    i += 1;
+                } else {
+                    self.drop_front_at(i);
+                }
+            } else {
+                i += 1;
+            }
+        }
     }
 
-    /// Forgets every batch up to `durable_seq`.
+    fn drop_front(&mut self) {
+        self.drop_front_at(0);
+    }
+
+    /// Drops entry `i`, counting its rows.
+    fn drop_front_at(&mut self, i: usize) {
+        let Some(e) = self.entries.remove(i) else {
+            return;
+        };
+        if e.batch.is_some() {
+            self.memory_bytes -= e.bytes;
+        }
+        self.dropped_rows += e.rows;
+        if i < self.sent {
+            self.sent -= 1;
+        }
+    }
+
+    /// The first `Welcome` of a connection: `durable_seq` batches of this (run,
+    /// rank) are durable. The first one of this process anchors the numbering.
+    pub fn welcome(&mut self, durable_seq: u64) {
+        if self.next_seq.is_none() {
+            let known = self.entries.iter().filter_map(|e| e.seq).max().unwrap_or(0);
+            let first = durable_seq.max(known) + 1;
+            let mut next = first;
+            for e in self.entries.iter_mut().filter(|e| e.seq.is_none()) {
+                e.seq = Some(next);
+                if let Some(batch) = &mut e.batch {
+                    batch.seq = next;
+                }
+                next += 1;
+            }
+            let count = next - first;
+            if count > 0 {
+                self.write(|log| log.append_numbered(next - 1, count));
+            }
+            self.next_seq = Some(next);
+        }
+        self.acknowledge(durable_seq);
+        self.rewind();
+    }
+
+    /// Whether an earlier process of this rank left batches that were numbered.
+    pub fn continues_earlier_process(&self) -> bool {
+        self.next_seq.is_none() && self.entries.iter().any(|e| e.seq.is_some())
+    }
+
+    /// Forgets every batch up to `durable_seq`, and the spill segments that held
+    /// only those.
     pub fn acknowledge(&mut self, durable_seq: u64) {
         while self
             .entries
             .front()
-            .is_some_and(|e| e.batch.seq <= durable_seq)
+            .is_some_and(|e| e.seq.is_some_and(|s| s <= durable_seq))
         {
             let e = self.entries.pop_front().expect("non-empty");
-            self.bytes -= e.bytes;
+            if e.batch.is_some() {
+                self.memory_bytes -= e.bytes;
+            }
             self.acked_rows += e.rows;
             self.sent = self.sent.saturating_sub(1);
+        }
+        let keep_from = self.entries.front().and_then(|e| e.at).map(|at| at.segment);
+        if let Some(log) = &mut self.spill {
+            let result = match keep_from {
+                Some(segment) => log.remove_before(segment),
+                None if self.entries.is_empty() => log.remove_before(u64::MAX),
+                None => Ok(()),
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "cannot delete an acknowledged spill segment");
+            }
         }
     }
 
@@ -96,14 +303,32 @@ impl Outbox {
     }
 
     pub fn has_unsent(&self) -> bool {
-        self.sent < self.entries.len()
+        self.entries.get(self.sent).is_some_and(|e| e.seq.is_some())
     }
 
-    /// The next batch to send on this connection.
+    /// The next batch to send on this connection. A batch the spill can no longer
+    /// give back is dropped and counted.
     pub fn next_unsent(&mut self) -> Option<Batch> {
-        let batch = self.entries.get(self.sent)?.batch.clone();
-        self.sent += 1;
-        Some(batch)
+        loop {
+            let e = self.entries.get(self.sent)?;
+            let seq = e.seq?;
+            let batch = match (&e.batch, e.at, &self.spill) {
+                (Some(batch), _, _) => Ok(batch.clone()),
+                (None, Some(at), Some(log)) => log.read(at),
+                _ => Err(std::io::Error::other("batch no longer held")),
+            };
+            match batch {
+                Ok(mut batch) => {
+                    batch.seq = seq;
+                    self.sent += 1;
+                    return Some(batch);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, seq, "cannot read a spilled batch back; dropped");
+                    self.drop_front_at(self.sent);
+                }
+            }
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -121,6 +346,28 @@ impl Outbox {
     pub fn unacked_rows(&self) -> u64 {
         self.entries.iter().map(|e| e.rows).sum()
     }
+
+    /// Rows that will outlive this process in the spill directory.
+    pub fn spilled_rows(&self) -> u64 {
+        if self.spill.is_none() {
+            return 0;
+        }
+        self.entries
+            .iter()
+            .filter(|e| e.at.is_some())
+            .map(|e| e.rows)
+            .sum()
+    }
+
+    /// Ends the outbox: with nothing left to send, the spill directory goes.
+    pub fn close(mut self) {
+        if let Some(log) = self.spill.take()
+            && self.entries.is_empty()
+            && let Err(e) = log.remove_dir()
+        {
+            tracing::warn!(error = %e, "cannot remove the empty spill directory");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -135,11 +382,29 @@ mod tests {
         }
     }
 
+    fn spilled(dir: &std::path::Path, spill_bytes: u64, memory_bytes: usize) -> Outbox {
+        Outbox::open(OutboxConfig {
+            spill_dir: Some(dir.to_path_buf()),
+            spill_bytes,
+            segment_bytes: 64,
+            memory_bytes,
+        })
+    }
+
+    fn drain(o: &mut Outbox) -> Vec<(u64, usize)> {
+        std::iter::from_fn(|| o.next_unsent().map(|b| (b.seq, b.steps.len()))).collect()
+    }
+
     #[test]
-    fn numbers_resends_and_trims() {
-        let mut o = Outbox::new(usize::MAX);
+    fn numbers_after_the_welcome_resends_and_trims() {
+        let mut o = Outbox::in_memory(usize::MAX);
         o.push(batch(1));
         o.push(batch(2));
+        assert!(
+            !o.has_unsent(),
+            "nothing is sent before the Welcome numbers it"
+        );
+        o.welcome(0);
         o.push(batch(3));
         assert_eq!(o.next_unsent().unwrap().seq, 1);
         assert_eq!(o.next_unsent().unwrap().seq, 2);
@@ -155,27 +420,88 @@ mod tests {
     }
 
     #[test]
-    fn renumbering_follows_an_earlier_incarnation() {
-        let mut o = Outbox::new(usize::MAX);
+    fn numbering_follows_an_earlier_incarnation() {
+        let mut o = Outbox::in_memory(usize::MAX);
         o.push(batch(1));
         o.push(batch(1));
-        o.renumber_after(40);
+        o.welcome(40);
         o.push(batch(1));
-        o.acknowledge(40);
         assert_eq!(o.unacked_rows(), 3);
-        let seqs: Vec<u64> = std::iter::from_fn(|| o.next_unsent().map(|b| b.seq)).collect();
+        let seqs: Vec<u64> = drain(&mut o).into_iter().map(|(s, _)| s).collect();
         assert_eq!(seqs, [41, 42, 43]);
+        // A later Welcome (a reconnect) changes no numbers.
+        o.welcome(41);
+        let seqs: Vec<u64> = drain(&mut o).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(seqs, [42, 43]);
     }
 
     #[test]
-    fn full_outbox_drops_oldest_and_counts() {
+    fn full_memory_outbox_drops_oldest_and_counts() {
         let one = batch(10).encoded_len();
-        let mut o = Outbox::new(one * 2 + 4);
+        let mut o = Outbox::in_memory(one * 2 + 4);
+        o.welcome(0);
         for _ in 0..5 {
             o.push(batch(10));
         }
         assert_eq!(o.dropped_rows(), 30);
         assert_eq!(o.unacked_rows(), 20);
         assert_eq!(o.next_unsent().unwrap().seq, 4);
+    }
+
+    #[test]
+    fn a_restarted_process_takes_over_the_spill_with_the_same_numbers() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // First process: collector down all along, then up briefly.
+            let mut o = spilled(dir.path(), u64::MAX, 0);
+            o.push(batch(1));
+            o.push(batch(2));
+            o.welcome(7);
+            o.push(batch(3));
+            assert_eq!(o.next_unsent().unwrap().seq, 8);
+            // Killed before any acknowledgement: nothing is closed or cleaned.
+            drop(o);
+        }
+        let mut o = spilled(dir.path(), u64::MAX, 0);
+        assert!(o.continues_earlier_process());
+        assert_eq!(o.unacked_rows(), 6);
+        o.push(batch(4));
+        o.welcome(8);
+        assert_eq!(drain(&mut o), [(9, 2), (10, 3), (11, 4)]);
+        o.acknowledge(11);
+        assert!(o.is_empty());
+        o.close();
+        assert!(!dir.path().exists(), "an empty spill directory is removed");
+    }
+
+    #[test]
+    fn unnumbered_batches_of_a_process_that_never_connected_are_numbered_later() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut o = spilled(dir.path(), u64::MAX, usize::MAX);
+            o.push(batch(1));
+            o.push(batch(2));
+            drop(o);
+        }
+        let mut o = spilled(dir.path(), u64::MAX, usize::MAX);
+        o.push(batch(3));
+        o.welcome(0);
+        assert_eq!(drain(&mut o), [(1, 1), (2, 2), (3, 3)]);
+    }
+
+    #[test]
+    fn a_full_spill_drops_the_oldest_segment_and_counts_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = batch(10).encoded_len() as u64 + 9;
+        let mut o = spilled(dir.path(), 3 * (one + 8), 0);
+        o.welcome(0);
+        for _ in 0..6 {
+            o.push(batch(10));
+        }
+        assert!(o.dropped_rows() > 0);
+        assert_eq!(o.dropped_rows() + o.unacked_rows(), 60);
+        assert!(o.spill().unwrap().bytes() <= 3 * (one + 8));
+        let sent = drain(&mut o);
+        assert_eq!(sent.last().unwrap().0, 6, "the newest batch is kept");
     }
 }

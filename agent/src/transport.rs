@@ -10,6 +10,7 @@
 //! (`kind = "rows_dropped"`), and [`Transport::finish`] reports what was never
 //! acknowledged.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
@@ -27,8 +28,9 @@ use tonic::Streaming;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::now_us;
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, OutboxConfig};
 use crate::row::Row;
+use crate::spill::SpillLog;
 
 /// Transport settings.
 #[derive(Debug, Clone)]
@@ -43,6 +45,11 @@ pub struct TransportConfig {
     pub batch_interval: Duration,
     /// Bound on unacknowledged batches held in memory, in encoded bytes.
     pub outbox_bytes: usize,
+    /// Root of the spill directories (`<root>/<run id>/rank-<rank>`); `None`
+    /// keeps unacknowledged batches in memory only.
+    pub spill_dir: Option<PathBuf>,
+    /// Bound on one rank's spill, in bytes.
+    pub spill_bytes: u64,
     /// Largest message sent, in bytes.
     pub max_message_bytes: usize,
     /// Longest wait between reconnection attempts.
@@ -58,7 +65,9 @@ impl TransportConfig {
             queue_rows: 65_536,
             batch_rows: 4096,
             batch_interval: Duration::from_millis(500),
-            outbox_bytes: 256 * 1024 * 1024,
+            outbox_bytes: 64 * 1024 * 1024,
+            spill_dir: None,
+            spill_bytes: 1024 * 1024 * 1024,
             max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
             max_backoff: Duration::from_secs(5),
             token: None,
@@ -77,6 +86,11 @@ pub struct FinishReport {
     pub rows_dropped: u64,
     /// Rows still unacknowledged when the deadline passed (collector unreachable).
     pub rows_unsent: u64,
+    /// Of those, rows kept in the spill directory: a later process of the same run
+    /// and rank, or `rankscope replay`, sends them.
+    pub rows_spilled: u64,
+    /// The spill directory that holds them.
+    pub spill_dir: Option<PathBuf>,
     /// Whether the collector was ever reached.
     pub connected: bool,
 }
@@ -236,15 +250,56 @@ struct Worker {
 }
 
 impl Worker {
+    /// Runs on the transport thread: opening the spill reads back what an earlier
+    /// process left, which the training thread must not wait for.
     fn new(config: TransportConfig, hello: Hello, counters: Arc<Counters>) -> Worker {
-        let outbox = Outbox::new(config.outbox_bytes);
+        let spill_dir = config
+            .spill_dir
+            .as_ref()
+            .map(|root| SpillLog::rank_dir(root, &hello.run_id, hello.rank));
+        let outbox = Outbox::open(OutboxConfig {
+            spill_dir,
+            spill_bytes: config.spill_bytes,
+            segment_bytes: (config.spill_bytes / 64).clamp(64 * 1024, 16 * 1024 * 1024),
+            memory_bytes: config.outbox_bytes,
+        });
+        if let Some(why) = outbox.spill_error() {
+            tracing::error!(
+                rank = hello.rank,
+                why,
+                "no spill: unacknowledged batches stay in memory"
+            );
+        }
+        if let Some(log) = outbox.spill() {
+            if let Err(e) = log.write_hello(&hello) {
+                tracing::warn!(error = %e, "cannot record this rank in its spill directory");
+            }
+            if !outbox.is_empty() {
+                tracing::info!(
+                    rank = hello.rank,
+                    rows = outbox.unacked_rows(),
+                    dir = %log.dir().display(),
+                    "replaying what an earlier process of this rank left unacknowledged"
+                );
+            }
+        }
+        let mut current = Batch::default();
+        if outbox.damaged_bytes() > 0 {
+            current.events.push(EventRow {
+                time: now_us(),
+                kind: "spill_damaged".into(),
+                message: "damaged spill records skipped (bytes): the machine crashed while they were written".into(),
+                value: Some(outbox.damaged_bytes() as i64),
+                step: None,
+            });
+        }
         Worker {
             config,
             hello,
             counters,
+            current_since: (!current.events.is_empty()).then(Instant::now),
             outbox,
-            current: Batch::default(),
-            current_since: None,
+            current,
             dropped_reported: 0,
             connected_once: false,
             warned_refusal: false,
@@ -384,17 +439,13 @@ impl Worker {
                 kind: Some(CollectorKind::Welcome(welcome)),
             })) => {
                 if !self.connected_once && welcome.durable_seq > 0 {
-                    // An earlier process of this (run, rank) left data behind:
-                    // number ours after it instead of colliding with its seqs.
                     tracing::info!(
                         rank = self.hello.rank,
                         durable_seq = welcome.durable_seq,
-                        "continuing after an earlier incarnation of this rank"
+                        "continuing after an earlier process of this rank"
                     );
-                    self.outbox.renumber_after(welcome.durable_seq);
                 }
-                self.outbox.acknowledge(welcome.durable_seq);
-                self.outbox.rewind();
+                self.outbox.welcome(welcome.durable_seq);
                 tracing::debug!(
                     rank = self.hello.rank,
                     durable_seq = welcome.durable_seq,
@@ -495,6 +546,8 @@ impl Worker {
             rows_acked: self.outbox.acked_rows(),
             rows_dropped: dropped,
             rows_unsent: self.outbox.unacked_rows(),
+            rows_spilled: self.outbox.spilled_rows(),
+            spill_dir: self.outbox.spill().map(|log| log.dir().to_path_buf()),
             connected: self.connected_once,
         };
         if !report.complete() {
@@ -502,11 +555,14 @@ impl Worker {
                 rank = self.hello.rank,
                 rows_unsent = report.rows_unsent,
                 rows_dropped = report.rows_dropped,
+                rows_spilled = report.rows_spilled,
+                spill_dir = ?report.spill_dir,
                 connected = report.connected,
                 collector = %self.config.collector,
-                "telemetry incomplete at finish"
+                "telemetry incomplete at finish; spilled rows are sent when this rank runs again under the same run id, or by `rankscope replay`"
             );
         }
+        std::mem::replace(&mut self.outbox, Outbox::in_memory(0)).close();
         report
     }
 }

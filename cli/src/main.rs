@@ -6,6 +6,7 @@
 //! - `collector_cmd`: `rankscope collector`;
 //! - `loadgen`: `rankscope loadgen`, simulated ranks on the real protocol;
 //! - `launch`: `rankscope launch`, local ranks with torchrun's variables;
+//! - `replay`: `rankscope replay`, sends what ranks left in their spill directories;
 //! - `summary`: `rankscope summary`, a run's summary from its Parquet files;
 //! - `train` and `workloads`: `rankscope train` and its example models;
 //! - `demo`: `rankscope demo`, the README's `make demo`;
@@ -21,6 +22,7 @@ mod demo;
 mod duration;
 mod launch;
 mod loadgen;
+mod replay;
 #[cfg(feature = "torch")]
 mod spectrum;
 mod summary;
@@ -55,6 +57,7 @@ enum Command {
     Collector(collector_cmd::Args),
     Loadgen(loadgen::Args),
     Launch(launch::Args),
+    Replay(replay::Args),
     Summary(summary::Args),
     #[cfg(feature = "torch")]
     Train(train::Args),
@@ -79,6 +82,7 @@ fn main() -> anyhow::Result<()> {
         Command::Collector(args) => collector_cmd::run(args),
         Command::Loadgen(args) => loadgen::run(args),
         Command::Launch(args) => launch::run(args),
+        Command::Replay(args) => replay::run(args),
         Command::Summary(args) => summary::run(args),
         #[cfg(feature = "torch")]
         Command::Train(args) => train::run(args),

@@ -126,6 +126,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         summary.report.rows_dropped,
         summary.report.rows_unsent
     );
+    if let Some(dir) = summary
+        .report
+        .spill_dir
+        .as_ref()
+        .filter(|_| summary.report.rows_spilled > 0)
+    {
+        println!(
+            "rank {}: {} rows wait in {}; they are sent when this rank runs again under the same run id, or by `rankscope replay`",
+            summary.rank,
+            summary.report.rows_spilled,
+            dir.display()
+        );
+    }
     Ok(())
 }
 

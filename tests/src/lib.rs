@@ -30,6 +30,14 @@ pub fn workspace() -> PathBuf {
 }
 
 /// A binary built next to the running test (`target/<profile>/<name>`).
+/// The spill root of this test process's ranks: fresh, so batches a failed earlier
+/// test run left behind under the same run id are never replayed into this one.
+pub fn spill_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().expect("spill tempdir"))
+        .path()
+}
+
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let dir = exe
@@ -231,6 +239,7 @@ pub fn rankscope(args: &[&str]) -> String {
     let output = Command::new(bin("rankscope"))
         .args(args)
         .env("RANKSCOPE_LOG", "warn")
+        .env("RANKSCOPE_SPILL_DIR", spill_dir())
         .output()
         .expect("run rankscope");
     let text = String::from_utf8_lossy(&output.stdout).into_owned()

@@ -4,7 +4,9 @@
 
 use std::process::Command;
 
-use rankscope_tests::{CollectorProc, bin, count, count_by_rank, duckdb, rankscope, table, tool};
+use rankscope_tests::{
+    CollectorProc, bin, count, count_by_rank, duckdb, rankscope, spill_dir, table, tool,
+};
 
 const MLP_LAYERS: u64 = 4; // fc1, fc2, fc3, head
 
@@ -132,6 +134,7 @@ fn training_without_a_collector_finishes_and_reports_unsent_rows() {
         .port();
     let addr = format!("127.0.0.1:{port}");
     let output = Command::new(bin("rankscope"))
+        .env("RANKSCOPE_SPILL_DIR", spill_dir())
         .args(train_args(
             "15",
             "5",
@@ -154,6 +157,7 @@ fn training_without_a_collector_finishes_and_reports_unsent_rows() {
 #[test]
 fn wrong_rank_variables_fail_clearly_or_disable_on_request() {
     let output = Command::new(bin("rankscope"))
+        .env("RANKSCOPE_SPILL_DIR", spill_dir())
         .args(train_args("2", "1", &[]))
         .env("RANK", "7")
         .env("WORLD_SIZE", "4")
@@ -164,6 +168,7 @@ fn wrong_rank_variables_fail_clearly_or_disable_on_request() {
     assert!(stderr.contains("RANK=7 but WORLD_SIZE=4"), "{stderr}");
 
     let output = Command::new(bin("rankscope"))
+        .env("RANKSCOPE_SPILL_DIR", spill_dir())
         .args(train_args("2", "1", &["--finish-timeout", "1s"]))
         .env("RANKSCOPE_MODE", "sometimes")
         .env("RANKSCOPE_ON_CONFIG_ERROR", "disable")
@@ -180,6 +185,7 @@ fn real_torchrun_launch_lands_in_the_collector() {
     let collector = CollectorProc::start(dir.path(), &[]);
     let exe = bin("rankscope");
     let output = Command::new(tool("torchrun"))
+        .env("RANKSCOPE_SPILL_DIR", spill_dir())
         .args([
             "--standalone",
             "--nnodes",

@@ -1,0 +1,111 @@
+//! `rankscope replay`: sends what ranks left in their spill directories (a run whose
+//! collector was down, or ranks that will not run again) and empties them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use rankscope_agent::spill::SpillLog;
+use rankscope_agent::{Transport, TransportConfig};
+
+/// Send spilled telemetry to a collector.
+#[derive(clap::Args, Clone)]
+#[command(after_help = "Examples:
+  rankscope replay --collector 127.0.0.1:50051
+  rankscope replay --spill-dir /local/rankscope-spill --run-id my-run --collector collector-host:50051
+
+A rank keeps what the collector has not acknowledged in
+SPILL_DIR/<run id>/rank-<rank>/, and sends it itself when it runs again under the
+same run id. Use this command for runs that are over. Each directory is emptied
+once the collector holds everything in it; what is left is reported, and the
+command exits non-zero.")]
+pub struct Args {
+    /// The spill root the ranks used (RANKSCOPE_SPILL_DIR).
+    #[arg(long, env = "RANKSCOPE_SPILL_DIR", default_value_os_t = rankscope_agent::config::default_spill_dir())]
+    pub spill_dir: PathBuf,
+    /// Only this run (default: every run in the spill root).
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Collector address.
+    #[arg(long, default_value = "127.0.0.1:50051", env = "RANKSCOPE_COLLECTOR")]
+    pub collector: String,
+    /// Bearer token, if the collector requires one.
+    #[arg(long, env = "RANKSCOPE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// How long to wait for each rank's rows to become durable.
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    pub timeout: Duration,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let ranks = rank_dirs(&args.spill_dir, args.run_id.as_deref())?;
+    if ranks.is_empty() {
+        println!("nothing to replay in {}", args.spill_dir.display());
+        return Ok(());
+    }
+    let bar = indicatif::ProgressBar::new(ranks.len() as u64);
+    let mut incomplete = 0;
+    let (mut acked, mut left) = (0, 0);
+    for dir in &ranks {
+        let hello = SpillLog::read_hello(dir)
+            .with_context(|| format!("cannot read the rank recorded in {}", dir.display()))?;
+        let mut config = TransportConfig::new(&args.collector);
+        config.token = args.token.clone();
+        config.spill_dir = Some(args.spill_dir.clone());
+        let transport = Transport::start(config, hello.clone())?;
+        let report = transport.finish(Vec::new(), args.timeout);
+        acked += report.rows_acked;
+        left += report.rows_unsent;
+        if !report.complete() {
+            incomplete += 1;
+            bar.suspend(|| {
+                eprintln!(
+                    "run {} rank {}: {} rows not acknowledged, {} dropped; they stay in {}",
+                    hello.run_id,
+                    hello.rank,
+                    report.rows_unsent,
+                    report.rows_dropped,
+                    dir.display()
+                )
+            });
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    println!(
+        "replayed {} rank directories: {acked} rows acknowledged, {left} left",
+        ranks.len()
+    );
+    if incomplete > 0 {
+        bail!(
+            "{incomplete} rank directories were not fully delivered: is the collector at {} up? run replay again",
+            args.collector
+        );
+    }
+    Ok(())
+}
+
+/// `<root>/<run>/rank-<n>` directories that hold a recorded rank.
+fn rank_dirs(root: &Path, run_id: Option<&str>) -> anyhow::Result<Vec<PathBuf>> {
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
+    let mut dirs = Vec::new();
+    let runs = std::fs::read_dir(root)
+        .with_context(|| format!("cannot list the spill directory {}", root.display()))?;
+    for run in runs {
+        let run = run?.path();
+        let name = run.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if run_id.is_some_and(|wanted| wanted != name) || !run.is_dir() {
+            continue;
+        }
+        for rank in std::fs::read_dir(&run)? {
+            let rank = rank?.path();
+            if rank.join("hello.pb").is_file() {
+                dirs.push(rank);
+            }
+        }
+    }
+    dirs.sort();
+    Ok(dirs)
+}
