@@ -29,7 +29,7 @@ impl Pending {
     /// Adds every row of `batch`, sent by `rank` of `run_id`.
     pub fn push_batch(&mut self, run_id: &str, rank: u32, batch: Batch) {
         let seq = batch.seq;
-        self.bytes += batch.encoded_len();
+        self.bytes += memory_bytes(&batch);
         self.since.get_or_insert_with(Instant::now);
         let wm = self
             .watermarks
@@ -78,7 +78,7 @@ impl Pending {
         self.rows
     }
 
-    /// Encoded size of the batches held, in bytes (an estimate of memory use).
+    /// Estimated memory of the rows held, in bytes (see [`memory_bytes`]).
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -124,6 +124,20 @@ impl Pending {
         }
         *self = earlier;
     }
+}
+
+/// An estimate of the memory `batch`'s rows take once buffered: each row's fixed
+/// size plus the batch's encoded size (which bounds its strings). The encoded size
+/// alone would not do: an empty row is 2 bytes on the wire and about 240 in memory.
+pub fn memory_bytes(batch: &Batch) -> usize {
+    use std::mem::size_of;
+    batch.encoded_len()
+        + batch.steps.len() * size_of::<Stamped<rankscope_proto::v1::StepRow>>()
+        + batch.layers.len() * size_of::<Stamped<rankscope_proto::v1::LayerRow>>()
+        + batch.runs.len() * size_of::<Stamped<rankscope_proto::v1::RunRow>>()
+        + batch.ranks.len() * size_of::<Stamped<rankscope_proto::v1::RankRow>>()
+        + batch.model.len() * size_of::<Stamped<rankscope_proto::v1::ModelRow>>()
+        + batch.events.len() * size_of::<Stamped<rankscope_proto::v1::EventRow>>()
 }
 
 fn stamp<R>(rank: u32, seq: u64, rows: Vec<R>) -> Vec<Stamped<R>> {

@@ -1,9 +1,10 @@
 //! What the collector runs on the bytes of one gRPC message, as plain functions
 //! for the cargo-fuzz targets (`fuzz/`) and the hostile-input tests.
 //!
-//! [`agent_message`] takes the payload of one gRPC frame, as tonic hands it to
-//! prost, and runs the collector's own code on it in the order a stream does:
-//! prost decode of `AgentMessage`; [`validate::hello`] or [`validate::batch`]; the
+//! [`agent_message`] takes the payload of one gRPC frame, as tonic hands it to the
+//! collector's decoder, and runs the collector's own code on it in the order a
+//! stream does: [`grpc::decode_agent_message`] (rows counted on the wire, then
+//! prost); [`validate::hello`] or [`validate::batch`]; the
 //! sequence check and buffering of [`Intake::admit`]; then what a commit does with
 //! the buffered rows: Arrow record batches ([`crate::table`]) encoded as Parquet
 //! ([`store::encode_parquet`]), into memory. No filesystem, no network, no tokio.
@@ -20,6 +21,7 @@ use prost::Message;
 use rankscope_proto::v1::agent_message::Kind;
 use rankscope_proto::v1::{AgentMessage, Batch, Hello};
 
+use crate::grpc;
 use crate::intake::{Admission, Intake};
 use crate::store;
 use crate::validate::{self, Invalid};
@@ -47,7 +49,10 @@ pub enum Outcome {
 
 /// The full path of one `AgentMessage` payload.
 pub fn agent_message(bytes: &[u8]) -> Outcome {
-    match AgentMessage::decode(bytes) {
+    match grpc::decode_agent_message(bytes) {
+        Err(status) if status.code() == tonic::Code::InvalidArgument => {
+            Outcome::Refused(status.message().to_string())
+        }
         Err(_) => Outcome::Undecodable,
         Ok(AgentMessage { kind: None }) => Outcome::Empty,
         Ok(AgentMessage {

@@ -7,6 +7,8 @@
 //! Layout:
 //! - [`auth`]: the bearer-token check on every stream;
 //! - [`validate`]: checks on everything that arrives from the network;
+//! - [`grpc`]: the gRPC route, with a decoder that bounds a batch's rows before
+//!   allocating them;
 //! - [`service`]: the gRPC service, one task per rank stream;
 //! - [`intake`]: accepted rows and the per-(run, rank) sequence watermarks (dedup);
 //! - [`buffer`]: rows waiting for the next commit, grouped by (table, run);
@@ -21,6 +23,7 @@ pub mod auth;
 pub mod buffer;
 pub mod committer;
 pub mod fuzzing;
+pub mod grpc;
 pub mod intake;
 pub mod service;
 pub mod space;
@@ -34,12 +37,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rankscope_proto::v1::collector_server::CollectorServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::committer::{CommitCounters, CommitPolicy};
+use crate::grpc::CollectorServer;
 use crate::intake::Intake;
 use crate::service::{CollectorService, Phase, StreamCounters};
 use crate::store::{Store, StoreError};
@@ -55,7 +58,8 @@ pub struct CollectorConfig {
     pub max_file_rows: usize,
     /// Rows per Parquet row group.
     pub row_group_rows: usize,
-    /// Bound on the rows buffered in memory, in encoded bytes; past it streams wait.
+    /// Bound on the rows buffered in memory, in bytes (estimated: each row's fixed
+    /// size plus its encoded size); past it streams wait.
     pub max_pending_bytes: usize,
     /// Largest message accepted, in bytes.
     pub max_message_bytes: usize,
@@ -148,9 +152,7 @@ pub async fn serve(
         config.max_streams,
         stream_counters.clone(),
     );
-    let server = CollectorServer::new(service)
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
+    let server = CollectorServer::new(service, config.max_message_bytes);
     let server = InterceptedService::new(server, auth::BearerToken::new(config.token.clone()));
     let mut drained = phase_rx;
     let shutdown = async move {

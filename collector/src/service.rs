@@ -244,7 +244,7 @@ impl StreamTask {
                 _ = until(&mut phase, |p| p != Phase::Serving) => Next::Drain,
             };
             match next {
-                Next::Message(message) => match message.map_err(from_agent)? {
+                Next::Message(message) => match message.map_err(|s| self.refused(from_agent(s)))? {
                     None => return Ok(()),
                     Some(AgentMessage {
                         kind: Some(AgentKind::Batch(batch)),
@@ -259,6 +259,17 @@ impl StreamTask {
                 Next::Drain => return Ok(()),
             }
         }
+    }
+
+    /// Counts a status that refuses what the agent sent (not a disconnect).
+    fn refused(&self, status: Status) -> Status {
+        if matches!(
+            status.code(),
+            tonic::Code::InvalidArgument | tonic::Code::OutOfRange
+        ) {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        status
     }
 
     async fn batch(&mut self, batch: Batch) -> Result<(), Status> {

@@ -328,6 +328,59 @@ async fn batches_breaking_the_protocol_or_limits_are_refused() {
     assert_eq!(count(out, "steps", "run_id = 'twice'"), 4);
 }
 
+/// Peak resident memory of a process, in bytes (`VmHWM`).
+fn peak_rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("procfs");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmHWM line");
+    kib * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn millions_of_empty_rows_are_refused_before_they_are_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = CollectorProc::start(dir.path(), &FAST);
+    let mut bystander = Bystander::open(&collector.addr).await;
+    bystander.lands_a_batch().await;
+    let before = peak_rss_bytes(collector.pid());
+
+    // 8 million empty step rows: 2 bytes each on the wire (16 MB, under the
+    // 16 MiB message limit), about 240 bytes each once decoded (1.8 GB).
+    let rows = 8_000_000usize;
+    let mut inner = vec![0x08, 0x01]; // seq = 1
+    inner.extend(std::iter::repeat_n([0x1a, 0x00], rows).flatten());
+    let mut message = vec![0x12]; // AgentMessage.batch
+    let mut len = inner.len();
+    while len >= 0x80 {
+        message.push(len as u8 | 0x80);
+        len >>= 7;
+    }
+    message.push(len as u8);
+    message.extend_from_slice(&inner);
+    let hello_frame = frame(0, &hello_message("sparse", 0).encode_to_vec());
+    let status = raw_call(&collector.addr, [hello_frame, frame(0, &message)].concat()).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("batch of 8000000 rows is too large (at most 100000)"),
+        "{status:?}"
+    );
+    let grown = peak_rss_bytes(collector.pid()).saturating_sub(before);
+    assert!(
+        grown < 256 * 1024 * 1024,
+        "refusing 16 MB of empty rows raised the collector's peak memory by {grown} bytes"
+    );
+    bystander.lands_a_batch().await;
+    let rows = bystander.rows();
+    drop(bystander);
+    assert!(collector.stop());
+    bystander_landed(dir.path(), rows);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reused_seqs_are_acknowledged_but_stored_once() {
     let dir = tempfile::tempdir().unwrap();
