@@ -1,0 +1,262 @@
+//! Chaos with real training ranks: the collector SIGKILLed at random moments of a
+//! run, the collector down for a whole run, and a rank SIGKILLed mid-run. Every
+//! check reads the Parquet files with the real DuckDB CLI.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rankscope_tests::{CollectorProc, bin, count, count_by_rank, duckdb, rankscope, table};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `rankscope train` of the transformer (slow enough per step to be interrupted).
+fn train(collector: &str, run_id: &str, steps: u64, spill: &Path, finish: &str) -> Command {
+    let mut cmd = Command::new(bin("rankscope"));
+    cmd.args(["train", "--model", "transformer", "--device", "cpu"])
+        .args(["--steps", &steps.to_string(), "--sample-every", "10"])
+        .args(["--batch-size", "32", "--collector", collector])
+        .args(["--run-id", run_id, "--finish-timeout", finish])
+        .env("RANKSCOPE_SPILL_DIR", spill)
+        .env("RANKSCOPE_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Launched ranks of [`train`].
+fn launch(
+    ranks: u32,
+    collector: &str,
+    run_id: &str,
+    steps: u64,
+    spill: &Path,
+    finish: &str,
+) -> Child {
+    let inner = train(collector, run_id, steps, spill, finish);
+    let mut cmd = Command::new(bin("rankscope"));
+    cmd.args(["launch", "--nproc-per-node", &ranks.to_string(), "--"])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .env("RANKSCOPE_SPILL_DIR", spill)
+        .env("RANKSCOPE_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd.spawn().unwrap()
+}
+
+fn wait_ok(child: Child, what: &str) -> String {
+    let output = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{what} failed: {text}");
+    text
+}
+
+/// Waits until some `steps` file is committed (data is flowing).
+fn wait_for_data(out: &Path, limit: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        let any = std::fs::read_dir(out.join("steps"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|run| {
+                std::fs::read_dir(run.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|f| f.path().extension().is_some_and(|e| e == "parquet"))
+            });
+        if any {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no data reached the collector within {limit:?}");
+}
+
+/// Pseudo-random milliseconds in `lo..hi`, from the clock; printed so a failure
+/// names the moments that caused it.
+fn random_ms(lo: u64, hi: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    let mut x = nanos ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    lo + x % (hi - lo)
+}
+
+/// Per rank: steps rows = `steps`, no duplicate (rank, step) or (rank, step,
+/// layer), and layers rows = sampled steps × the layers seen.
+fn assert_exact(out: &Path, ranks: u32, steps: u64) {
+    let per_rank = |n: u64| (0..ranks).map(|r| (r, n)).collect::<Vec<_>>();
+    assert_eq!(count_by_rank(out, "steps"), per_rank(steps));
+    let layers = duckdb(&format!(
+        "select count(distinct layer) from {}",
+        table(out, "layers")
+    ));
+    let layers: u64 = layers.trim().parse().unwrap();
+    assert!(layers > 0);
+    assert_eq!(
+        count_by_rank(out, "layers"),
+        per_rank(steps.div_ceil(10) * layers)
+    );
+    for (name, key) in [("steps", "rank, step"), ("layers", "rank, step, layer")] {
+        let dups = duckdb(&format!(
+            "select count(*) from (select {key} from {} group by all having count(*) > 1)",
+            table(out, name)
+        ));
+        assert_eq!(dups.trim(), "0", "duplicates in {name}");
+    }
+    assert_eq!(count(out, "ranks", "finished_at is not null"), ranks as u64);
+}
+
+#[test]
+fn collector_killed_at_random_moments_of_a_training_run_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = ["--max-file-age", "150ms"];
+    let mut collector = CollectorProc::start_on(&listen, out, &args);
+    let (ranks, steps) = (2, 300);
+    let run = launch(ranks, &listen, "chaos-train", steps, spill.path(), "60s");
+    wait_for_data(out, Duration::from_secs(60));
+    for _ in 0..2 {
+        let pause = random_ms(50, 600);
+        eprintln!("killing the collector after {pause} ms");
+        std::thread::sleep(Duration::from_millis(pause));
+        collector.kill();
+        std::thread::sleep(Duration::from_millis(random_ms(50, 400)));
+        collector = CollectorProc::start_on(&listen, out, &args);
+    }
+    let text = wait_ok(run, "training");
+    assert!(!text.contains("telemetry incomplete"), "{text}");
+    assert!(collector.stop());
+    assert_exact(out, ranks, steps);
+}
+
+#[test]
+fn collector_down_for_the_whole_run_gets_the_backlog_afterwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (ranks, steps) = (2, 40);
+    // Nothing listens: the ranks train, give up after the finish timeout, and
+    // leave everything in their spill directories.
+    let run = launch(ranks, &listen, "backlog", steps, spill.path(), "1s");
+    let text = wait_ok(run, "training without a collector");
+    assert!(text.contains("rankscope replay"), "{text}");
+    assert!(spill.path().join("backlog/rank-1").is_dir());
+
+    let collector = CollectorProc::start_on(&listen, out, &["--max-file-age", "150ms"]);
+    let spill_arg = spill.path().to_str().unwrap();
+    let replayed = rankscope(&["replay", "--spill-dir", spill_arg, "--collector", &listen]);
+    assert!(
+        replayed.contains("replayed 2 rank directories"),
+        "{replayed}"
+    );
+    assert!(
+        !spill.path().join("backlog").exists(),
+        "delivered spill directories are removed"
+    );
+    assert!(collector.stop());
+    assert_exact(out, ranks, steps);
+}
+
+#[test]
+fn a_restarted_rank_sends_what_its_earlier_process_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let listen = format!("127.0.0.1:{}", free_port());
+    // First process: no collector.
+    let mut first = train(&listen, "restart", 30, spill.path(), "1s");
+    wait_ok(first.spawn().unwrap(), "first process");
+    // Second process of the same run and rank, with the collector up.
+    let collector = CollectorProc::start_on(&listen, out, &["--max-file-age", "150ms"]);
+    wait_ok(
+        train(&listen, "restart", 20, spill.path(), "60s")
+            .spawn()
+            .unwrap(),
+        "second process",
+    );
+    assert!(collector.stop());
+    // 30 steps of the first process and 20 of the second, nothing twice.
+    assert_eq!(count(out, "steps", ""), 50);
+    assert_eq!(count(out, "steps", "step < 20"), 40);
+    assert_eq!(count(out, "ranks", "finished_at is not null"), 2);
+    assert!(!spill.path().join("restart").exists());
+}
+
+#[test]
+fn a_rank_killed_mid_run_keeps_what_was_acknowledged_and_shows_unfinished() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = tempfile::tempdir().unwrap();
+    let out = dir.path();
+    let collector = CollectorProc::start(out, &["--max-file-age", "150ms", "--rank-grace", "1s"]);
+    let mut rank = train(&collector.addr, "killed", 100_000, spill.path(), "60s");
+    rank.env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env("LOCAL_RANK", "1")
+        .env("LOCAL_WORLD_SIZE", "2");
+    let mut child = rank.spawn().unwrap();
+    wait_for_data(out, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(random_ms(100, 800)));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Past the grace period the collector records the rank as vanished.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(collector.stop());
+    let unfinished = duckdb(&format!(
+        "select rank, count(*) from {} where finished_at is null group by rank",
+        table(out, "ranks")
+    ));
+    assert_eq!(
+        unfinished.trim(),
+        "1,1",
+        "one unfinished ranks row for rank 1"
+    );
+    // What is durable is a gap-free prefix of the run.
+    let prefix = |out: &Path| -> (u64, u64) {
+        let row = duckdb(&format!(
+            "select count(*), max(step) + 1 from {}",
+            table(out, "steps")
+        ));
+        let (n, end) = row.trim().split_once(',').unwrap();
+        (n.parse().unwrap(), end.parse().unwrap())
+    };
+    let (n, end) = prefix(out);
+    assert!(n > 0);
+    assert_eq!(n, end, "steps 0..{end} without gaps");
+    // The rest waits in its spill directory; replayed, the prefix only grows.
+    let collector = CollectorProc::start(out, &["--max-file-age", "150ms"]);
+    let spill_arg = spill.path().to_str().unwrap();
+    rankscope(&[
+        "replay",
+        "--spill-dir",
+        spill_arg,
+        "--collector",
+        &collector.addr,
+    ]);
+    assert!(collector.stop());
+    let (n2, end2) = prefix(out);
+    assert_eq!(n2, end2, "still gap-free after the replay");
+    assert!(n2 >= n);
+    let dups = duckdb(&format!(
+        "select count(*) from (select step from {} group by all having count(*) > 1)",
+        table(out, "steps")
+    ));
+    assert_eq!(dups.trim(), "0");
+}
