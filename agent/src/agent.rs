@@ -230,6 +230,7 @@ impl Inner {
         tc.token = config.token.clone();
         tc.spill_dir = config.spill_dir.clone();
         tc.spill_bytes = config.spill_max_bytes;
+        tc.tls = config.tls.clone();
         let transport = Arc::new(Transport::start(tc, hello)?);
         if config.rank == 0 {
             transport.send(Row::Run(RunRow {

@@ -20,11 +20,16 @@
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
 //! | `RANKSCOPE_TOKEN` | bearer token the collector requires (`--token-file`) | none |
 //! | `RANKSCOPE_SPILL_DIR` | where unacknowledged batches wait on disk (`off`: memory only) | `rankscope-spill` in the temporary directory |
+//! | `RANKSCOPE_TLS_CA` | PEM CA that signed the collector's certificate: connect with TLS | plaintext |
+//! | `RANKSCOPE_TLS_CERT`, `RANKSCOPE_TLS_KEY` | PEM client certificate and key, for a collector with `--tls-client-ca` | none |
+//! | `RANKSCOPE_TLS_DOMAIN` | name to verify in the collector's certificate | the address's host |
 //! | `RANKSCOPE_SPILL_MAX_BYTES` | bound on one rank's spill (`K`, `M`, `G` suffixes) | `1G` |
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
+
+pub use crate::transport::ClientTls;
 
 pub const RANK: &str = "RANK";
 pub const LOCAL_RANK: &str = "LOCAL_RANK";
@@ -50,6 +55,10 @@ pub const RANKSCOPE_CONV_LAYOUT: &str = "RANKSCOPE_CONV_LAYOUT";
 pub const RANKSCOPE_ON_CONFIG_ERROR: &str = "RANKSCOPE_ON_CONFIG_ERROR";
 pub const RANKSCOPE_TOKEN: &str = "RANKSCOPE_TOKEN";
 pub const RANKSCOPE_SPILL_DIR: &str = "RANKSCOPE_SPILL_DIR";
+pub const RANKSCOPE_TLS_CA: &str = "RANKSCOPE_TLS_CA";
+pub const RANKSCOPE_TLS_CERT: &str = "RANKSCOPE_TLS_CERT";
+pub const RANKSCOPE_TLS_KEY: &str = "RANKSCOPE_TLS_KEY";
+pub const RANKSCOPE_TLS_DOMAIN: &str = "RANKSCOPE_TLS_DOMAIN";
 pub const RANKSCOPE_SPILL_MAX_BYTES: &str = "RANKSCOPE_SPILL_MAX_BYTES";
 
 pub const DEFAULT_COLLECTOR: &str = "127.0.0.1:50051";
@@ -158,6 +167,25 @@ pub enum ConfigError {
         "{RANKSCOPE_SPILL_MAX_BYTES}={0:?} is not a size: use bytes with an optional K, M or G suffix, e.g. 512M"
     )]
     SpillBytes(String),
+    #[error("cannot read {var}={path:?}: {error}")]
+    TlsFile {
+        var: &'static str,
+        path: String,
+        error: String,
+    },
+    #[error("{set} is set but {missing} is not: set both (a client certificate and its key)")]
+    TlsPair {
+        set: &'static str,
+        missing: &'static str,
+    },
+    #[error(
+        "{RANKSCOPE_TLS_CERT} and {RANKSCOPE_TLS_KEY} are set but {RANKSCOPE_TLS_CA} is not: set the CA that signed the collector's certificate"
+    )]
+    TlsCa,
+    #[error(
+        "collector address {0:?} asks for TLS: set {RANKSCOPE_TLS_CA} to the CA that signed its certificate"
+    )]
+    TlsNeeded(String),
 }
 
 /// Layer name patterns: comma-separated, `*` matches any run of characters.
@@ -239,6 +267,8 @@ pub struct AgentConfig {
     pub spill_dir: Option<PathBuf>,
     /// Bound on one rank's spill, in bytes.
     pub spill_max_bytes: u64,
+    /// TLS to the collector (`RANKSCOPE_TLS_*`); `None` is plaintext.
+    pub tls: Option<ClientTls>,
 }
 
 impl AgentConfig {
@@ -515,6 +545,15 @@ impl AgentConfigBuilder {
                 None => DEFAULT_SPILL_MAX_BYTES,
             },
         };
+        let collector = self
+            .collector
+            .clone()
+            .or_else(|| env(RANKSCOPE_COLLECTOR))
+            .unwrap_or_else(|| DEFAULT_COLLECTOR.into());
+        let tls = client_tls_with(&env)?;
+        if tls.is_none() && collector.starts_with("https://") {
+            return Err(ConfigError::TlsNeeded(collector));
+        }
         self.on_error_with(env)?;
         Ok(AgentConfig {
             rank,
@@ -523,11 +562,7 @@ impl AgentConfigBuilder {
             local_world_size,
             node_rank,
             run_id,
-            collector: self
-                .collector
-                .clone()
-                .or_else(|| env(RANKSCOPE_COLLECTOR))
-                .unwrap_or_else(|| DEFAULT_COLLECTOR.into()),
+            collector,
             mode,
             sample_every,
             layers: LayerFilter::parse(
@@ -546,7 +581,55 @@ impl AgentConfigBuilder {
             token: self.token.clone().or_else(|| env(RANKSCOPE_TOKEN)),
             spill_dir,
             spill_max_bytes,
+            tls,
         })
+    }
+}
+
+/// TLS settings from `RANKSCOPE_TLS_*` in the process environment (for tools that
+/// use the transport without an [`AgentConfig`]).
+pub fn client_tls_from_env() -> Result<Option<ClientTls>, ConfigError> {
+    client_tls_with(&|var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty()))
+}
+
+fn client_tls_with(
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<ClientTls>, ConfigError> {
+    let read = |var: &'static str| -> Result<Option<Vec<u8>>, ConfigError> {
+        env(var)
+            .map(|path| {
+                std::fs::read(path.trim()).map_err(|e| ConfigError::TlsFile {
+                    var,
+                    path,
+                    error: e.to_string(),
+                })
+            })
+            .transpose()
+    };
+    let identity = match (read(RANKSCOPE_TLS_CERT)?, read(RANKSCOPE_TLS_KEY)?) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(ConfigError::TlsPair {
+                set: RANKSCOPE_TLS_CERT,
+                missing: RANKSCOPE_TLS_KEY,
+            });
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::TlsPair {
+                set: RANKSCOPE_TLS_KEY,
+                missing: RANKSCOPE_TLS_CERT,
+            });
+        }
+    };
+    match read(RANKSCOPE_TLS_CA)? {
+        Some(ca_pem) => Ok(Some(ClientTls {
+            ca_pem,
+            identity,
+            domain: env(RANKSCOPE_TLS_DOMAIN),
+        })),
+        None if identity.is_some() => Err(ConfigError::TlsCa),
+        None => Ok(None),
     }
 }
 
@@ -757,6 +840,25 @@ mod tests {
             (
                 &[(RANKSCOPE_ON_CONFIG_ERROR, "ignore")],
                 "use fail or disable",
+            ),
+            (
+                &[(RANKSCOPE_TLS_CA, "no-such-ca.pem")],
+                "cannot read RANKSCOPE_TLS_CA=\"no-such-ca.pem\"",
+            ),
+            (
+                &[(RANKSCOPE_TLS_CERT, "Cargo.toml")],
+                "RANKSCOPE_TLS_CERT is set but RANKSCOPE_TLS_KEY is not",
+            ),
+            (
+                &[
+                    (RANKSCOPE_TLS_CERT, "Cargo.toml"),
+                    (RANKSCOPE_TLS_KEY, "Cargo.toml"),
+                ],
+                "RANKSCOPE_TLS_CA is not",
+            ),
+            (
+                &[(RANKSCOPE_COLLECTOR, "https://collector:50051")],
+                "asks for TLS",
             ),
             (
                 &[(RANKSCOPE_SPILL_MAX_BYTES, "lots")],

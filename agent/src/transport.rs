@@ -25,7 +25,7 @@ use rankscope_proto::v1::collector_message::Kind as CollectorKind;
 use rankscope_proto::v1::{AgentMessage, Batch, EventRow, Hello};
 use tokio::sync::mpsc;
 use tonic::Streaming;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::now_us;
 use crate::outbox::{Outbox, OutboxConfig};
@@ -56,6 +56,42 @@ pub struct TransportConfig {
     pub max_backoff: Duration,
     /// Bearer token sent with every stream (`RANKSCOPE_TOKEN`).
     pub token: Option<String>,
+    /// TLS to the collector; `None` is plaintext.
+    pub tls: Option<ClientTls>,
+}
+
+/// PEM contents for TLS to the collector.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    /// The CA that signed the collector's certificate.
+    pub ca_pem: Vec<u8>,
+    /// Client certificate and key, for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name to verify in the collector's certificate, if not the address's host.
+    pub domain: Option<String>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    // Never prints the private key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("mutual", &self.identity.is_some())
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    fn config(&self) -> ClientTlsConfig {
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &self.domain {
+            config = config.domain_name(domain.clone());
+        }
+        config
+    }
 }
 
 impl TransportConfig {
@@ -71,6 +107,7 @@ impl TransportConfig {
             max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
             max_backoff: Duration::from_secs(5),
             token: None,
+            tls: None,
         }
     }
 }
@@ -404,15 +441,31 @@ impl Worker {
     }
 
     async fn open(&mut self) -> Result<Connection, String> {
+        let tls = self.config.tls.as_ref();
         let uri = if self.config.collector.contains("://") {
             self.config.collector.clone()
+        } else if tls.is_some() {
+            format!("https://{}", self.config.collector)
         } else {
             format!("http://{}", self.config.collector)
         };
-        let endpoint = Endpoint::from_shared(uri.clone())
+        let mut endpoint = Endpoint::from_shared(uri.clone())
             .map_err(|e| format!("bad collector address {uri:?}: {e}"))?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true);
+        match tls {
+            Some(tls) => {
+                endpoint = endpoint
+                    .tls_config(tls.config())
+                    .map_err(|e| format!("TLS settings (RANKSCOPE_TLS_*): {e}"))?;
+            }
+            None if uri.starts_with("https://") => {
+                return Err(format!(
+                    "collector address {uri} asks for TLS: set RANKSCOPE_TLS_CA to the CA that signed its certificate"
+                ));
+            }
+            None => {}
+        }
         let channel: Channel = endpoint.connect().await.map_err(|e| e.to_string())?;
         let mut client = CollectorClient::new(channel)
             .max_decoding_message_size(self.config.max_message_bytes)

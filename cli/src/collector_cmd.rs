@@ -13,6 +13,8 @@ use rankscope_collector::CollectorConfig;
   rankscope collector --out ./rankscope-out
   rankscope collector --listen 0.0.0.0:50051 --out /data/rankscope --token-file token.txt
   rankscope collector --out /data/rankscope --min-free-bytes 10737418240   # keep 10 GiB free
+  rankscope collector --listen 0.0.0.0:50051 --token-file token.txt \
+      --tls-cert server.pem --tls-key server.key --tls-client-ca ca.pem   # mutual TLS
 
 Files appear as OUT/<table>/run_id=<run>/part-*.parquet (tables: runs, ranks, steps,
 layers, model, events). On SIGTERM or Ctrl-C the collector commits and acknowledges
@@ -43,6 +45,17 @@ pub struct Args {
     /// A file holding the bearer token every agent must present (RANKSCOPE_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// PEM certificate (chain) of the collector: serve TLS. Agents then use
+    /// https://HOST:PORT with RANKSCOPE_TLS_CA.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate: only agents with a client certificate it signed may
+    /// connect (mutual TLS; agents set RANKSCOPE_TLS_CERT and RANKSCOPE_TLS_KEY).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Refuse new batches while the output filesystem has less free space than
     /// this many bytes (0: never). Agents keep refused batches and resend them,
     /// so they land once space is freed.
@@ -70,6 +83,21 @@ impl Args {
             }
             config.token = Some(token.trim().to_string());
         }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            let read = |flag: &str, path: &PathBuf| {
+                std::fs::read(path)
+                    .with_context(|| format!("cannot read {flag} {}", path.display()))
+            };
+            config.tls = Some(rankscope_collector::tls::ServerTls {
+                cert_pem: read("--tls-cert", cert)?,
+                key_pem: read("--tls-key", key)?,
+                client_ca_pem: self
+                    .tls_client_ca
+                    .as_ref()
+                    .map(|ca| read("--tls-client-ca", ca))
+                    .transpose()?,
+            });
+        }
         Ok(config)
     }
 }
@@ -83,7 +111,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {}: is the port in use? choose another with --listen", args.listen))?;
         let addr = listener.local_addr()?;
         // Tests and scripts read this line to find a port chosen with :0.
-        println!("rankscope collector listening on {addr}, writing {}", args.out.display());
+        let scheme = if args.tls_cert.is_some() { "TLS" } else { "plaintext" };
+        println!("rankscope collector listening on {addr}, writing {} ({scheme})", args.out.display());
+        if !addr.ip().is_loopback() && args.token_file.is_none() && args.tls_client_ca.is_none() {
+            tracing::warn!(%addr, "listening beyond loopback with no --token-file and no --tls-client-ca: anyone who reaches this port can write");
+        }
         let summary = rankscope_collector::serve(listener, args.config()?, shutdown_signal())
             .await
             .with_context(|| format!("collector writing to {} failed", args.out.display()))?;

@@ -16,7 +16,8 @@ use rankscope_proto::v1::{Hello, LayerRow, Mode, ModelRow, RankRow, RunRow, Step
 
 Each rank sends, exactly: 1 ranks row, `layers` model rows, `steps` steps rows and
 steps x layers layers rows; rank 0 also sends 1 runs row. Exits non-zero if any row
-was not acknowledged as durable.")]
+was not acknowledged as durable. For a TLS collector, give https://HOST:PORT and set
+RANKSCOPE_TLS_CA (and RANKSCOPE_TLS_CERT / RANKSCOPE_TLS_KEY for mutual TLS).")]
 pub struct Args {
     /// Number of simulated ranks.
     #[arg(long, default_value_t = 4)]
@@ -115,6 +116,7 @@ fn simulate_rank(
     };
     let mut config = TransportConfig::new(&args.collector);
     config.token = args.token.clone();
+    config.tls = rankscope_agent::config::client_tls_from_env()?;
     let transport = Transport::start(config, hello.clone())?;
     // A simulated rank produces rows far faster than a real one: it waits for room
     // in the queue instead of dropping, so the row counts stay exact.

@@ -14,7 +14,8 @@ use rankscope_agent::{Transport, TransportConfig};
   rankscope replay --collector 127.0.0.1:50051
   rankscope replay --spill-dir /local/rankscope-spill --run-id my-run --collector collector-host:50051
 
-A rank keeps what the collector has not acknowledged in
+TLS settings come from RANKSCOPE_TLS_CA, RANKSCOPE_TLS_CERT and RANKSCOPE_TLS_KEY,
+as for the ranks. A rank keeps what the collector has not acknowledged in
 SPILL_DIR/<run id>/rank-<rank>/, and sends it itself when it runs again under the
 same run id. Use this command for runs that are over. Each directory is emptied
 once the collector holds everything in it; what is left is reported, and the
@@ -43,6 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("nothing to replay in {}", args.spill_dir.display());
         return Ok(());
     }
+    let tls = rankscope_agent::config::client_tls_from_env()?;
     let bar = indicatif::ProgressBar::new(ranks.len() as u64);
     let mut incomplete = 0;
     let (mut acked, mut left) = (0, 0);
@@ -51,6 +53,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot read the rank recorded in {}", dir.display()))?;
         let mut config = TransportConfig::new(&args.collector);
         config.token = args.token.clone();
+        config.tls = tls.clone();
         config.spill_dir = Some(args.spill_dir.clone());
         let transport = Transport::start(config, hello.clone())?;
         let report = transport.finish(Vec::new(), args.timeout);

@@ -6,6 +6,7 @@
 //!
 //! Layout:
 //! - [`auth`]: the bearer-token check on every stream;
+//! - [`tls`]: TLS for the listener, optionally mutual;
 //! - [`validate`]: checks on everything that arrives from the network;
 //! - [`grpc`]: the gRPC route, with a decoder that bounds a batch's rows before
 //!   allocating them;
@@ -29,6 +30,7 @@ pub mod service;
 pub mod space;
 pub mod store;
 pub mod table;
+pub mod tls;
 pub mod validate;
 
 use std::future::Future;
@@ -72,6 +74,8 @@ pub struct CollectorConfig {
     /// Refuse new batches (`RESOURCE_EXHAUSTED`, retried by agents) while the output
     /// filesystem has less free space than this; 0 turns the check off.
     pub min_free_bytes: u64,
+    /// TLS for the listener; `None` serves plaintext.
+    pub tls: Option<tls::ServerTls>,
 }
 
 impl CollectorConfig {
@@ -88,6 +92,7 @@ impl CollectorConfig {
             rank_grace: Duration::from_secs(30),
             token: None,
             min_free_bytes: space::DEFAULT_MIN_FREE_BYTES,
+            tls: None,
         }
     }
 }
@@ -99,6 +104,10 @@ pub enum CollectorError {
     Store(#[from] StoreError),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error(
+        "cannot use the TLS certificate and key: {0} (check --tls-cert, --tls-key and --tls-client-ca: PEM files, key matching certificate)"
+    )]
+    Tls(tonic::transport::Error),
 }
 
 /// What the collector did, reported when it stops.
@@ -121,6 +130,12 @@ pub async fn serve(
     config: CollectorConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<ServeSummary, CollectorError> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &config.tls {
+        builder = builder
+            .tls_config(tls.config())
+            .map_err(CollectorError::Tls)?;
+    }
     let store = Arc::new(Store::open(&config.out, config.row_group_rows)?);
     let recovered = store.recover()?;
     if !recovered.is_empty() {
@@ -162,7 +177,7 @@ pub async fn serve(
         service::until(&mut drained, |p| p == Phase::Drained).await;
     };
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
+    builder
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .add_service(server)
         .serve_with_incoming_shutdown(incoming, shutdown)

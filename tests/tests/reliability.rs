@@ -125,3 +125,115 @@ fn bearer_token_is_required_when_configured() {
     assert_eq!(count(&out, "steps", ""), 10);
     assert_eq!(count(&out, "layers", ""), 20);
 }
+
+/// PEM files of a throw-away CA, a collector certificate for 127.0.0.1 and an
+/// agent (client) certificate, all signed by that CA.
+struct Pki {
+    ca: std::path::PathBuf,
+    server_cert: std::path::PathBuf,
+    server_key: std::path::PathBuf,
+    client_cert: std::path::PathBuf,
+    client_key: std::path::PathBuf,
+}
+
+fn pki(dir: &std::path::Path) -> Pki {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| {
+        let mut params = CertificateParams::new(names).unwrap();
+        params.extended_key_usages.push(usage);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_pem, server_key) = leaf(
+        vec!["127.0.0.1".into(), "localhost".into()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client_pem, client_key) = leaf(vec!["rank".into()], ExtendedKeyUsagePurpose::ClientAuth);
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    Pki {
+        ca: write("ca.pem", &ca_cert.pem()),
+        server_cert: write("server.pem", &server_pem),
+        server_key: write("server.key", &server_key),
+        client_cert: write("client.pem", &client_pem),
+        client_key: write("client.key", &client_key),
+    }
+}
+
+#[test]
+fn mutual_tls_admits_only_agents_with_a_certificate_of_the_client_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let out = dir.path().join("out");
+    let path = |p: &std::path::PathBuf| p.to_str().unwrap().to_string();
+    let collector = CollectorProc::start(
+        &out,
+        &[
+            "--tls-cert",
+            &path(&pki.server_cert),
+            "--tls-key",
+            &path(&pki.server_key),
+            "--tls-client-ca",
+            &path(&pki.ca),
+        ],
+    );
+    let https = format!("https://{}", collector.addr);
+    let loadgen = |collector: &str, env: &[(&str, &std::path::PathBuf)]| {
+        let mut cmd = Command::new(bin("rankscope"));
+        cmd.args(["loadgen", "--ranks", "2", "--steps", "5", "--layers", "2"])
+            .args(["--collector", collector, "--finish-timeout", "2s"])
+            .env("RANKSCOPE_LOG", "warn");
+        for var in [
+            "RANKSCOPE_TLS_CA",
+            "RANKSCOPE_TLS_CERT",
+            "RANKSCOPE_TLS_KEY",
+        ] {
+            cmd.env_remove(var);
+        }
+        for (var, value) in env {
+            cmd.env(var, value);
+        }
+        cmd.output().unwrap()
+    };
+
+    let full = [
+        ("RANKSCOPE_TLS_CA", &pki.ca),
+        ("RANKSCOPE_TLS_CERT", &pki.client_cert),
+        ("RANKSCOPE_TLS_KEY", &pki.client_key),
+    ];
+    let ok = loadgen(&https, &full);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // No client certificate, plaintext, or a server the agent cannot verify: refused.
+    assert!(
+        !loadgen(&https, &full[..1]).status.success(),
+        "no client certificate"
+    );
+    assert!(!loadgen(&collector.addr, &[]).status.success(), "plaintext");
+    let wrong_ca = [("RANKSCOPE_TLS_CA", &pki.server_cert), full[1], full[2]];
+    assert!(
+        !loadgen(&https, &wrong_ca).status.success(),
+        "unverifiable server"
+    );
+    assert!(collector.stop());
+    assert_eq!(
+        count(&out, "steps", ""),
+        10,
+        "only the admitted agent's rows"
+    );
+    assert_eq!(count(&out, "layers", ""), 20);
+}
