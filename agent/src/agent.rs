@@ -67,7 +67,8 @@ pub(crate) struct Inner {
     /// True during a step whose activations are sampled.
     pub(crate) sampling: AtomicBool,
     pub(crate) step: AtomicU64,
-    /// Nanoseconds the agent spent on the training thread in the current step.
+    /// Nanoseconds the agent spent on the training thread since the last step row
+    /// took them.
     pub(crate) overhead_ns: AtomicU64,
     pub(crate) rss: RssReader,
     pub(crate) device_index: Option<i32>,

@@ -1,7 +1,8 @@
 //! Step timing: a step guard and phase guards for data, forward, backward and
 //! optimizer. The guard's drop sends the `steps` row; its `overhead_ms` is the time
 //! the agent spent on the training thread during the step, this row's own
-//! bookkeeping included.
+//! bookkeeping included. Queuing the row happens after its `overhead_ms` is taken,
+//! so that time is counted in the next step's.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -39,7 +40,6 @@ impl<'a> StepGuard<'a> {
         let started = Instant::now();
         if let Some(inner) = agent.inner() {
             inner.step.store(step, Ordering::Relaxed);
-            inner.overhead_ns.store(0, Ordering::Relaxed);
             let sampled =
                 inner.config.samples_layers() && step.is_multiple_of(inner.config.sample_every);
             inner.sampling.store(sampled, Ordering::Relaxed);
@@ -119,8 +119,10 @@ impl Drop for StepGuard<'_> {
             device_peak_bytes: device.map(|d| d.peak),
         };
         inner.add_overhead(own);
-        row.overhead_ms = inner.overhead_ns.load(Ordering::Relaxed) as f64 / 1e6;
+        row.overhead_ms = inner.overhead_ns.swap(0, Ordering::Relaxed) as f64 / 1e6;
+        let queuing = Instant::now();
         inner.transport.send(Row::Step(row));
+        inner.add_overhead(queuing);
     }
 }
 

@@ -3,6 +3,9 @@
 //!
 //! The training thread only calls [`Transport::send`], a `try_send` into a bounded
 //! queue: when the queue is full the row is dropped and counted, never waited for.
+//! The queue never wakes the transport thread; the thread takes what is queued
+//! every [`DRAIN_EVERY`], so a row costs the training thread a short uncontended
+//! lock and no system call.
 //! The thread cuts rows into batches numbered by `seq` and keeps every batch in the
 //! [`Outbox`] until the collector acknowledges it as durable. After a reconnect
 //! (exponential backoff with jitter) it resends what is unacknowledged; the
@@ -31,6 +34,43 @@ use crate::now_us;
 use crate::outbox::{Outbox, OutboxConfig};
 use crate::row::Row;
 use crate::spill::SpillLog;
+
+/// How often the transport thread takes the rows queued by the training side.
+pub const DRAIN_EVERY: Duration = Duration::from_millis(20);
+
+/// The bounded row queue between the training side and the transport thread.
+#[derive(Debug)]
+struct RowQueue {
+    /// The rows, and whether the queue is closed (after `finish`).
+    state: Mutex<(Vec<Row>, bool)>,
+    capacity: usize,
+}
+
+impl RowQueue {
+    fn new(capacity: usize) -> RowQueue {
+        RowQueue {
+            state: Mutex::new((Vec::new(), false)),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn push(&self, row: Row) -> Result<(), Row> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (rows, closed) = &mut *state;
+        if *closed || rows.len() >= self.capacity {
+            return Err(row);
+        }
+        rows.push(row);
+        Ok(())
+    }
+
+    /// Everything queued so far, in order; with `close`, later pushes fail.
+    fn take(&self, close: bool) -> Vec<Row> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.1 |= close;
+        std::mem::take(&mut state.0)
+    }
+}
 
 /// Transport settings.
 #[derive(Debug, Clone)]
@@ -156,7 +196,7 @@ enum Control {
 /// The handle the training side holds. Cheap to call from the hot path.
 #[derive(Debug)]
 pub struct Transport {
-    data: mpsc::Sender<Row>,
+    data: Arc<RowQueue>,
     control: mpsc::UnboundedSender<Control>,
     counters: Arc<Counters>,
     warned_full: std::sync::atomic::AtomicBool,
@@ -167,7 +207,8 @@ pub struct Transport {
 impl Transport {
     /// Starts the background thread; it connects lazily and never blocks the caller.
     pub fn start(config: TransportConfig, hello: Hello) -> std::io::Result<Transport> {
-        let (data_tx, data_rx) = mpsc::channel(config.queue_rows.max(1));
+        let data = Arc::new(RowQueue::new(config.queue_rows));
+        let data_rx = data.clone();
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let thread_counters = counters.clone();
@@ -188,7 +229,7 @@ impl Transport {
                 runtime.block_on(worker.run(data_rx, control_rx));
             })?;
         Ok(Transport {
-            data: data_tx,
+            data,
             control: control_tx,
             counters,
             warned_full: Default::default(),
@@ -202,12 +243,12 @@ impl Transport {
     // The row comes back by value: boxing it would allocate on the hot path.
     #[allow(clippy::result_large_err)]
     pub fn try_send(&self, row: Row) -> Result<(), Row> {
-        match self.data.try_send(row) {
+        match self.data.push(row) {
             Ok(()) => {
                 self.counters.sent.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Err(e) => Err(e.into_inner()),
+            Err(row) => Err(row),
         }
     }
 
@@ -345,13 +386,9 @@ impl Worker {
         }
     }
 
-    async fn run(
-        mut self,
-        mut data: mpsc::Receiver<Row>,
-        mut control: mpsc::UnboundedReceiver<Control>,
-    ) {
+    async fn run(mut self, data: Arc<RowQueue>, mut control: mpsc::UnboundedReceiver<Control>) {
         let mut conn: Option<Connection> = None;
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut tick = tokio::time::interval(DRAIN_EVERY);
         loop {
             if conn.is_none() && Instant::now() >= self.next_attempt {
                 conn = self.connect().await;
@@ -361,13 +398,13 @@ impl Worker {
                 .filter(|_| self.outbox.has_unsent())
                 .map(|c| c.out.clone());
             tokio::select! {
-                row = data.recv() => match row {
-                    Some(row) => self.push(row),
-                    None => break,
-                },
-                Some(Control::Finish { final_rows, deadline, reply }) = control.recv() => {
-                    data.close();
-                    while let Some(row) = data.recv().await {
+                message = control.recv() => {
+                    // A closed channel means the handle is gone: finish with no wait.
+                    let (final_rows, deadline, reply) = match message {
+                        Some(Control::Finish { final_rows, deadline, reply }) => (final_rows, deadline, Some(reply)),
+                        None => (Vec::new(), Instant::now(), None),
+                    };
+                    for row in data.take(true) {
                         self.push(row);
                     }
                     for row in final_rows {
@@ -375,7 +412,9 @@ impl Worker {
                     }
                     self.cut(true);
                     let report = self.drain(&mut conn, deadline).await;
-                    let _ = reply.send(report);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(report);
+                    }
                     return;
                 }
                 permit = reserve(out) => match permit {
@@ -388,6 +427,9 @@ impl Worker {
                     }
                 }
                 _ = tick.tick() => {
+                    for row in data.take(false) {
+                        self.push(row);
+                    }
                     if self.current_since.is_some_and(|t| t.elapsed() >= self.config.batch_interval) {
                         self.cut(false);
                     }
