@@ -54,6 +54,8 @@ impl RowQueue {
         }
     }
 
+    // The row comes back by value: boxing it would allocate on the hot path.
+    #[allow(clippy::result_large_err)]
     fn push(&self, row: Row) -> Result<(), Row> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (rows, closed) = &mut *state;
