@@ -4,7 +4,23 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use rankscope_tests::{CollectorProc, bin, count, count_by_rank, duckdb, rankscope, table};
+use rankscope_tests::{
+    CollectorProc, batch, bin, count, count_by_rank, duckdb, hello, open, rankscope, table,
+};
+
+/// Pseudo-random milliseconds in `lo..hi`, from the clock (printed by the caller,
+/// so a failure names the moment that caused it).
+fn random_ms(lo: u64, hi: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    let mut x = nanos ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    lo + x % (hi - lo)
+}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -37,8 +53,10 @@ fn collector_killed_and_restarted_mid_run_loses_and_duplicates_nothing() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    // Two crashes at different moments of the run, each followed by a restart.
-    for pause_ms in [700, 500] {
+    // Two crashes at random moments of the run, each followed by a restart.
+    for _ in 0..2 {
+        let pause_ms = random_ms(200, 900);
+        eprintln!("killing the collector after {pause_ms} ms");
         std::thread::sleep(Duration::from_millis(pause_ms));
         collector.kill();
         std::thread::sleep(Duration::from_millis(200));
@@ -236,4 +254,60 @@ fn mutual_tls_admits_only_agents_with_a_certificate_of_the_client_ca() {
         "only the admitted agent's rows"
     );
     assert_eq!(count(&out, "layers", ""), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_or_silent_stream_never_holds_up_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_path_buf();
+    let collector = CollectorProc::start(&out, &["--max-file-age", "100ms"]);
+    // A stream that sends 300 batches and never reads an acknowledgement: its
+    // replies back up. And one that sends its Hello and then nothing at all.
+    let (stalled, _) = open(&collector.addr, hello("stalled", 0)).await.unwrap();
+    let (silent, _) = open(&collector.addr, hello("silent", 1)).await.unwrap();
+    for seq in 1..=300 {
+        stalled.send(batch(seq, 10, false)).await;
+    }
+    // Meanwhile four healthy ranks land everything.
+    let addr = collector.addr.clone();
+    let healthy = tokio::task::spawn_blocking(move || {
+        rankscope(&[
+            "loadgen",
+            "--ranks",
+            "4",
+            "--steps",
+            "50",
+            "--layers",
+            "2",
+            "--run-id",
+            "healthy",
+            "--collector",
+            &addr,
+            "--finish-timeout",
+            "30s",
+        ])
+    });
+    let text = tokio::time::timeout(Duration::from_secs(60), healthy)
+        .await
+        .expect("the healthy ranks finish while the others stall")
+        .unwrap();
+    assert!(text.contains("0 unsent"), "{text}");
+    drop(silent);
+    drop(stalled);
+    assert!(collector.stop());
+    let per_rank = |n: u64| (0..4u32).map(|r| (r, n)).collect::<Vec<_>>();
+    assert_eq!(count(&out, "steps", "run_id = 'healthy'"), 200);
+    let healthy_layers: Vec<(u32, u64)> = duckdb(&format!(
+        "select rank, count(*) from {} where run_id = 'healthy' group by rank order by rank",
+        table(&out, "layers")
+    ))
+    .lines()
+    .map(|l| {
+        let (r, c) = l.split_once(',').unwrap();
+        (r.parse().unwrap(), c.parse().unwrap())
+    })
+    .collect();
+    assert_eq!(healthy_layers, per_rank(100));
+    // What the stalled stream sent was accepted and kept, though never acknowledged to it.
+    assert_eq!(count(&out, "steps", "run_id = 'stalled'"), 3000);
 }
