@@ -1,0 +1,9 @@
+//! One gRPC message payload through everything the collector runs on it: prost
+//! decode of `AgentMessage`, validation, the seq check, Arrow and Parquet.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    rankscope_collector::fuzzing::agent_message(data);
+});
