@@ -63,6 +63,8 @@ pub(crate) struct Inner {
     pub(crate) transport: Arc<Transport>,
     worker: Mutex<Option<Worker>>,
     worker_dropped: AtomicU64,
+    /// Activations sampled on the training thread (measured or dropped).
+    samples_taken: AtomicU64,
     worker_queue: Mutex<Option<std::sync::mpsc::SyncSender<worker::Job>>>,
     /// True during a step whose activations are sampled.
     pub(crate) sampling: AtomicBool,
@@ -198,6 +200,17 @@ impl Agent {
         }
     }
 
+    /// (activations sampled, of which dropped because the metrics worker was
+    /// behind) so far; the drops are also reported as a `samples_dropped` event.
+    pub fn samples(&self) -> (u64, u64) {
+        self.inner.as_ref().map_or((0, 0), |i| {
+            (
+                i.samples_taken.load(Ordering::Relaxed),
+                i.worker_dropped.load(Ordering::Relaxed),
+            )
+        })
+    }
+
     /// Flushes everything and waits (at most the configured `finish_timeout`) for
     /// the collector to acknowledge it. Callable more than once.
     pub fn finish(&self) -> FinishReport {
@@ -253,7 +266,12 @@ impl Inner {
             conv_layout,
         };
         let (worker, queue) = if config.samples_layers() {
-            let w = Worker::start(transport.clone(), options, WORKER_QUEUE)?;
+            let w = Worker::start(
+                transport.clone(),
+                options,
+                WORKER_QUEUE,
+                config.worker_priority,
+            )?;
             let queue = w.sender();
             (Some(w), queue)
         } else {
@@ -266,6 +284,7 @@ impl Inner {
             transport,
             worker: Mutex::new(worker),
             worker_dropped: AtomicU64::new(0),
+            samples_taken: AtomicU64::new(0),
             worker_queue: Mutex::new(queue),
             sampling: AtomicBool::new(false),
             step: AtomicU64::new(0),
@@ -299,6 +318,7 @@ impl Inner {
     /// On the training thread: detach, reshape, subsample, copy, hand over.
     fn sample(&self, name: &str, activation: &Tensor) {
         let _guard = tch::no_grad_guard();
+        self.samples_taken.fetch_add(1, Ordering::Relaxed);
         let step = self.step.load(Ordering::Relaxed);
         let x = activation.detach();
         let seed = metrics::sample_seed(&self.config.run_id, self.config.rank, step, name);
@@ -314,8 +334,10 @@ impl Inner {
         let job = worker::job(step, name, owned, layout);
         let queue = self.worker_queue.lock().unwrap_or_else(|e| e.into_inner());
         let sent = queue.as_ref().is_some_and(|q| q.try_send(job).is_ok());
-        if !sent {
-            self.worker_dropped.fetch_add(1, Ordering::Relaxed);
+        if !sent && self.worker_dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                "activation samples dropped: the metrics worker is behind (counted, reported as a samples_dropped event); with RANKSCOPE_WORKER_PRIORITY=idle it only gets CPU time training leaves free: use normal, sample less often (RANKSCOPE_SAMPLE_EVERY) or fewer rows (RANKSCOPE_MAX_ROWS)"
+            );
         }
     }
 

@@ -17,6 +17,7 @@
 //! | `RANKSCOPE_MAX_ROWS` | row cap of the activation matrix | `4096` |
 //! | `RANKSCOPE_CENTER` | centre columns before the spectrum (`1`/`0`) | `0` |
 //! | `RANKSCOPE_CONV_LAYOUT` | `channelwise` or `flatten` | `channelwise` |
+//! | `RANKSCOPE_WORKER_PRIORITY` | `idle`: the metrics thread only uses CPU time training leaves free (samples are dropped, and counted, when there is none); `normal`: it competes with training | `idle` |
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
 //! | `RANKSCOPE_TOKEN` | bearer token the collector requires (`--token-file`) | none |
 //! | `RANKSCOPE_SPILL_DIR` | where unacknowledged batches wait on disk (`off`: memory only) | `rankscope-spill` in the temporary directory |
@@ -55,6 +56,7 @@ pub const RANKSCOPE_CONV_LAYOUT: &str = "RANKSCOPE_CONV_LAYOUT";
 pub const RANKSCOPE_ON_CONFIG_ERROR: &str = "RANKSCOPE_ON_CONFIG_ERROR";
 pub const RANKSCOPE_TOKEN: &str = "RANKSCOPE_TOKEN";
 pub const RANKSCOPE_SPILL_DIR: &str = "RANKSCOPE_SPILL_DIR";
+pub const RANKSCOPE_WORKER_PRIORITY: &str = "RANKSCOPE_WORKER_PRIORITY";
 pub const RANKSCOPE_TLS_CA: &str = "RANKSCOPE_TLS_CA";
 pub const RANKSCOPE_TLS_CERT: &str = "RANKSCOPE_TLS_CERT";
 pub const RANKSCOPE_TLS_KEY: &str = "RANKSCOPE_TLS_KEY";
@@ -122,6 +124,28 @@ impl fmt::Display for Mode {
     }
 }
 
+/// How the metrics worker thread is scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WorkerPriority {
+    /// The idle scheduling class: training always goes first; when it leaves no
+    /// CPU time, samples are dropped and counted.
+    #[default]
+    Idle,
+    /// The normal class: every sample is measured, at the cost of CPU time
+    /// training could have used.
+    Normal,
+}
+
+impl WorkerPriority {
+    pub fn parse(text: &str) -> Option<WorkerPriority> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "idle" => Some(WorkerPriority::Idle),
+            "normal" => Some(WorkerPriority::Normal),
+            _ => None,
+        }
+    }
+}
+
 /// A wrong configuration, naming the variable and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -163,6 +187,8 @@ pub enum ConfigError {
     ConvLayout(String),
     #[error("{RANKSCOPE_ON_CONFIG_ERROR}={0:?}: use fail or disable")]
     OnError(String),
+    #[error("{RANKSCOPE_WORKER_PRIORITY}={0:?}: use idle or normal")]
+    WorkerPriority(String),
     #[error(
         "{RANKSCOPE_SPILL_MAX_BYTES}={0:?} is not a size: use bytes with an optional K, M or G suffix, e.g. 512M"
     )]
@@ -269,6 +295,8 @@ pub struct AgentConfig {
     pub spill_max_bytes: u64,
     /// TLS to the collector (`RANKSCOPE_TLS_*`); `None` is plaintext.
     pub tls: Option<ClientTls>,
+    /// How the metrics worker thread is scheduled.
+    pub worker_priority: WorkerPriority,
 }
 
 impl AgentConfig {
@@ -327,6 +355,7 @@ pub struct AgentConfigBuilder {
     /// `Some(None)` turns the spill off.
     pub spill_dir: Option<Option<PathBuf>>,
     pub spill_max_bytes: Option<u64>,
+    pub worker_priority: Option<WorkerPriority>,
     pub on_config_error: Option<OnConfigError>,
 }
 
@@ -358,6 +387,7 @@ impl AgentConfigBuilder {
     setter!(token: String);
     setter!(spill_dir: Option<PathBuf>);
     setter!(spill_max_bytes: u64);
+    setter!(worker_priority: WorkerPriority);
     setter!(on_config_error: OnConfigError);
 
     /// Reads the process environment for whatever was not set in code.
@@ -554,6 +584,13 @@ impl AgentConfigBuilder {
         if tls.is_none() && collector.starts_with("https://") {
             return Err(ConfigError::TlsNeeded(collector));
         }
+        let worker_priority = match self.worker_priority {
+            Some(p) => p,
+            None => match env(RANKSCOPE_WORKER_PRIORITY) {
+                Some(v) => WorkerPriority::parse(&v).ok_or(ConfigError::WorkerPriority(v))?,
+                None => WorkerPriority::Idle,
+            },
+        };
         self.on_error_with(env)?;
         Ok(AgentConfig {
             rank,
@@ -582,6 +619,7 @@ impl AgentConfigBuilder {
             spill_dir,
             spill_max_bytes,
             tls,
+            worker_priority,
         })
     }
 }
@@ -859,6 +897,10 @@ mod tests {
             (
                 &[(RANKSCOPE_COLLECTOR, "https://collector:50051")],
                 "asks for TLS",
+            ),
+            (
+                &[(RANKSCOPE_WORKER_PRIORITY, "high")],
+                "RANKSCOPE_WORKER_PRIORITY=\"high\": use idle or normal",
             ),
             (
                 &[(RANKSCOPE_SPILL_MAX_BYTES, "lots")],

@@ -3,7 +3,9 @@
 //!
 //! The training thread hands over a detached, subsampled copy through a bounded
 //! queue (`try_send`): when the worker falls behind, the sample is dropped and
-//! counted, and the training thread goes on.
+//! counted, and the training thread goes on. By default the worker runs in the
+//! idle scheduling class ([`crate::threads`]), so it only uses CPU time training
+//! leaves free.
 
 use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, sync_channel};
@@ -13,6 +15,7 @@ use std::time::Instant;
 use rankscope_proto::v1::{EventRow, LayerRow};
 use tch::Tensor;
 
+use crate::config::WorkerPriority;
 use crate::metrics::{self, MatrixOptions};
 use crate::transport::Transport;
 use crate::{Row, now_us};
@@ -38,6 +41,7 @@ impl Worker {
         transport: Arc<Transport>,
         options: MatrixOptions,
         capacity: usize,
+        priority: WorkerPriority,
     ) -> std::io::Result<Worker> {
         let (tx, rx) = sync_channel::<Job>(capacity.max(1));
         let thread = std::thread::Builder::new()
@@ -46,6 +50,11 @@ impl Worker {
                 let _guard = tch::no_grad_guard();
                 if crate::threads::limit_this_thread(1).is_none() {
                     tracing::debug!("cannot limit the metrics worker's intra-op threads");
+                }
+                if priority == WorkerPriority::Idle
+                    && !crate::threads::idle_priority_for_this_thread()
+                {
+                    tracing::debug!("cannot give the metrics worker the idle scheduling class");
                 }
                 for job in rx {
                     let started = Instant::now();

@@ -1,7 +1,8 @@
 //! `rankscope bench`: the agent's overhead, measured side by side in one run.
 //!
-//! The same training loop runs in rounds that interleave three configurations
-//! (agent off, sampling every 10 steps, sampling every step), all streaming to a
+//! The same training loop runs in rounds that interleave four configurations
+//! (agent off, off again as a noise floor, sampling every 10 steps, sampling every
+//! step), in a rotating order, all streaming to a
 //! collector in its own process as in production, so machine noise hits them
 //! alike; the overhead is the ratio of median round times. This is done once per
 //! training thread count: all cores to training (nothing left for the agent's
@@ -15,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use rankscope_agent::config::AgentConfig;
+use rankscope_agent::config::{AgentConfig, WorkerPriority};
 use rankscope_agent::metrics::{self, MatrixOptions};
 use rankscope_agent::step::Phase;
 use rankscope_agent::{Agent, Mode};
@@ -45,6 +46,13 @@ pub struct Args {
     /// [default: all cores, then all cores but one].
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
+    /// Scheduling of the agent's metrics thread: idle or normal (RANKSCOPE_WORKER_PRIORITY).
+    #[arg(long, default_value = "idle", value_parser = parse_priority)]
+    pub worker_priority: WorkerPriority,
+}
+
+fn parse_priority(text: &str) -> Result<WorkerPriority, String> {
+    WorkerPriority::parse(text).ok_or_else(|| format!("{text:?}: use idle or normal"))
 }
 
 struct Setup {
@@ -54,9 +62,17 @@ struct Setup {
     target: &'static str,
 }
 
-const SETUPS: [Setup; 3] = [
+const SETUPS: [Setup; 4] = [
     Setup {
         label: "off",
+        mode: Mode::Off,
+        sample_every: 1,
+        target: "-",
+    },
+    // The same as the first: how far two identical configurations differ in this
+    // run, i.e. the noise floor of the other ratios.
+    Setup {
+        label: "off again (noise floor)",
         mode: Mode::Off,
         sample_every: 1,
         target: "-",
@@ -91,12 +107,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let collector = ChildCollector::start()?;
     println!(
-        "{} cores; collector in its own process; {} model, batch {}, {} rounds x {} steps per configuration, interleaved\n",
+        "{} cores; collector in its own process; {} model, batch {}, {} rounds x {} steps per configuration, interleaved; metrics thread priority {:?}\n",
         cores,
         args.model.name(),
         args.batch_size,
         args.rounds,
-        args.steps_per_round
+        args.steps_per_round,
+        args.worker_priority
     );
     let bar = indicatif::ProgressBar::new((threads.len() * args.rounds * SETUPS.len()) as u64);
     let mut tables = Vec::new();
@@ -135,13 +152,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Median round seconds per setup, rounds interleaved; the first round warms up.
+/// Per setup: the median round in seconds, and (samples taken, dropped).
+struct Rounds {
+    median: Vec<f64>,
+    samples: Vec<(u64, u64)>,
+}
+
+/// Rounds interleaved over the setups; the first round warms up.
 fn overhead_rounds(
     args: &Args,
     addr: &str,
     run_prefix: &str,
     bar: &indicatif::ProgressBar,
-) -> anyhow::Result<Vec<f64>> {
+) -> anyhow::Result<Rounds> {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
     let mut models = Vec::new();
@@ -149,6 +172,7 @@ fn overhead_rounds(
         let config = AgentConfig::builder()
             .mode(setup.mode)
             .sample_every(setup.sample_every)
+            .worker_priority(args.worker_priority)
             .collector(addr.to_string())
             .run_id(format!("{run_prefix}-{i}"))
             .rank(0u32)
@@ -163,7 +187,11 @@ fn overhead_rounds(
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); SETUPS.len()];
     let mut step = 0u64;
     for round in 0..=args.rounds {
-        for (i, (agent, model)) in models.iter().enumerate() {
+        // Each round starts with the next configuration, so none always runs
+        // right after another.
+        for k in 0..models.len() {
+            let i = (round + k) % models.len();
+            let (agent, model) = &models[i];
             let started = Instant::now();
             for _ in 0..args.steps_per_round {
                 let s = agent.step(step);
@@ -184,32 +212,41 @@ fn overhead_rounds(
             }
         }
     }
-    let mut dropped = 0;
+    let mut unsent = 0;
+    let mut samples = Vec::new();
     for (agent, _) in &models {
-        let report = agent.finish();
-        dropped += report.rows_unsent;
+        samples.push(agent.samples());
+        unsent += agent.finish().rows_unsent;
     }
-    if dropped > 0 {
-        tracing::warn!(dropped, "rows were not acknowledged by the bench collector");
+    if unsent > 0 {
+        tracing::warn!(unsent, "rows were not acknowledged by the bench collector");
     }
-    Ok(times.iter().map(|t| median(t)).collect())
+    Ok(Rounds {
+        median: times.iter().map(|t| median(t)).collect(),
+        samples,
+    })
 }
 
-fn print_overhead(threads: usize, cores: usize, times: &[f64], steps: u64) {
+fn print_overhead(threads: usize, cores: usize, rounds: &Rounds, steps: u64) {
+    let times = &rounds.median;
     let spare = cores.saturating_sub(threads);
     println!(
         "### Training on {threads} intra-op thread(s), {spare} core(s) left for the agent and collector\n"
     );
-    println!("| configuration | median round | ms/step | overhead vs off | target |");
-    println!("|---|---|---|---|---|");
-    for (setup, &m) in SETUPS.iter().zip(times) {
+    println!(
+        "| configuration | median round | ms/step | overhead vs off | target | samples dropped / taken |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for ((setup, &m), (taken, dropped)) in SETUPS.iter().zip(times).zip(&rounds.samples) {
         println!(
-            "| {} | {:.3} s | {:.3} | {:+.2} % | {} |",
+            "| {} | {:.3} s | {:.3} | {:+.2} % | {} | {} / {} |",
             setup.label,
             m,
             1e3 * m / steps as f64,
             100.0 * (m / times[0] - 1.0),
-            setup.target
+            setup.target,
+            dropped,
+            taken
         );
     }
     println!();
