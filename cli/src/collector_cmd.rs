@@ -106,6 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     args.config()?;
     runtime.block_on(async {
+        let shutdown = shutdown_signal();
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}: is the port in use? choose another with --listen", args.listen))?;
@@ -116,7 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if !addr.ip().is_loopback() && args.token_file.is_none() && args.tls_client_ca.is_none() {
             tracing::warn!(%addr, "listening beyond loopback with no --token-file and no --tls-client-ca: anyone who reaches this port can write");
         }
-        let summary = rankscope_collector::serve(listener, args.config()?, shutdown_signal())
+        let summary = rankscope_collector::serve(listener, args.config()?, shutdown)
             .await
             .with_context(|| format!("collector writing to {} failed", args.out.display()))?;
         println!(
@@ -127,25 +128,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Takes over SIGTERM and Ctrl-C at once (so that a signal arriving while the
+/// collector starts up drains it instead of killing it) and resolves on either.
+/// Must be called inside the runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        match term {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
         }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        tracing::info!("shutdown requested");
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutdown requested");
 }

@@ -240,6 +240,9 @@ pub fn rankscope(args: &[&str]) -> String {
         .args(args)
         .env("RANKSCOPE_LOG", "warn")
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
+        // Tests count layer rows exactly: every sample must be measured, which the
+        // default idle metrics thread does not promise on a busy small machine.
+        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
         .output()
         .expect("run rankscope");
     let text = String::from_utf8_lossy(&output.stdout).into_owned()

@@ -135,6 +135,7 @@ fn training_without_a_collector_finishes_and_reports_unsent_rows() {
     let addr = format!("127.0.0.1:{port}");
     let output = Command::new(bin("rankscope"))
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
+        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
         .args(train_args(
             "15",
             "5",
@@ -158,6 +159,7 @@ fn training_without_a_collector_finishes_and_reports_unsent_rows() {
 fn wrong_rank_variables_fail_clearly_or_disable_on_request() {
     let output = Command::new(bin("rankscope"))
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
+        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
         .args(train_args("2", "1", &[]))
         .env("RANK", "7")
         .env("WORLD_SIZE", "4")
@@ -169,6 +171,7 @@ fn wrong_rank_variables_fail_clearly_or_disable_on_request() {
 
     let output = Command::new(bin("rankscope"))
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
+        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
         .args(train_args("2", "1", &["--finish-timeout", "1s"]))
         .env("RANKSCOPE_MODE", "sometimes")
         .env("RANKSCOPE_ON_CONFIG_ERROR", "disable")
@@ -186,6 +189,7 @@ fn real_torchrun_launch_lands_in_the_collector() {
     let exe = bin("rankscope");
     let output = Command::new(tool("torchrun"))
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
+        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
         .args([
             "--standalone",
             "--nnodes",
