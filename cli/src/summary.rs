@@ -7,8 +7,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{Float64Type, UInt32Type, UInt64Type};
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{Float64Type, Int64Type, UInt32Type, UInt64Type};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 /// Summarise a run from the collector's output.
@@ -74,6 +74,7 @@ struct RankStats {
     steps: u64,
     step_ms: f64,
     overhead_ms: f64,
+    samples_dropped: i64,
 }
 
 /// The summary text of `run_id`.
@@ -90,6 +91,18 @@ pub fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
             s.steps += 1;
             s.step_ms += step_ms[i].unwrap_or(0.0);
             s.overhead_ms += overhead[i].unwrap_or(0.0);
+        }
+    }
+    for b in batches(out, "events", run_id)? {
+        let (rank, value) = (u32s(&b, "rank"), b.column_by_name("value"));
+        let (Some(kinds), Some(value)) = (b.column_by_name("kind"), value) else {
+            continue;
+        };
+        let (kinds, value) = (kinds.as_string::<i32>(), value.as_primitive::<Int64Type>());
+        for i in 0..b.num_rows() {
+            if kinds.value(i) == "samples_dropped" && value.is_valid(i) {
+                ranks.entry(rank[i]).or_default().samples_dropped += value.value(i);
+            }
         }
     }
     // layer -> step -> (sum stable, sum effective, n)
@@ -120,11 +133,17 @@ pub fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
         }
     }
     let mut text = format!("run {run_id}\n\n");
-    text += "rank   steps   mean step ms   overhead %\n";
+    text += "rank   steps   mean step ms   overhead %   samples dropped\n";
     for (rank, s) in &ranks {
         let mean = s.step_ms / s.steps.max(1) as f64;
         let pct = 100.0 * s.overhead_ms / s.step_ms.max(f64::MIN_POSITIVE);
-        text += &format!("{rank:>4}   {:>5}   {mean:>12.3}   {pct:>10.3}\n", s.steps);
+        text += &format!(
+            "{rank:>4}   {:>5}   {mean:>12.3}   {pct:>10.3}   {:>15}\n",
+            s.steps, s.samples_dropped
+        );
+    }
+    if ranks.values().any(|s| s.samples_dropped > 0) {
+        text += "(samples dropped: the metrics threads had no spare CPU time; see RANKSCOPE_WORKER_PRIORITY)\n";
     }
     text += "\nlayer            stable rank   effective rank   trend (stable rank since first sample)\n";
     for name in &order {
