@@ -99,9 +99,9 @@ pub fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
             continue;
         };
         let (kinds, value) = (kinds.as_string::<i32>(), value.as_primitive::<Int64Type>());
-        for i in 0..b.num_rows() {
+        for (i, &rank) in rank.iter().enumerate() {
             if kinds.value(i) == "samples_dropped" && value.is_valid(i) {
-                ranks.entry(rank[i]).or_default().samples_dropped += value.value(i);
+                ranks.entry(rank).or_default().samples_dropped += value.value(i);
             }
         }
     }
