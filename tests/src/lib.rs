@@ -30,6 +30,29 @@ pub fn workspace() -> PathBuf {
 }
 
 /// A binary built next to the running test (`target/<profile>/<name>`).
+/// A free loopback port (bound, noted, released), for a collector restarted on
+/// the same address.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("local address")
+        .port()
+}
+
+/// Pseudo-random milliseconds in `lo..hi`, from the clock: fault tests print the
+/// moments they chose, so a failure names the moment that caused it.
+pub fn random_ms(lo: u64, hi: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    let mut x = nanos ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    lo + x % (hi - lo)
+}
+
 /// The spill root of this test process's ranks: fresh, so batches a failed earlier
 /// test run left behind under the same run id are never replayed into this one.
 pub fn spill_dir() -> &'static Path {

@@ -6,15 +6,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rankscope_tests::{CollectorProc, bin, count, count_by_rank, duckdb, rankscope, table};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use rankscope_tests::{
+    CollectorProc, bin, count, count_by_rank, duckdb, free_port, random_ms, rankscope, table,
+};
 
 /// `rankscope train` of the transformer (slow enough per step to be interrupted).
 fn train(collector: &str, run_id: &str, steps: u64, spill: &Path, finish: &str) -> Command {
@@ -84,20 +78,6 @@ fn wait_for_data(out: &Path, limit: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("no data reached the collector within {limit:?}");
-}
-
-/// Pseudo-random milliseconds in `lo..hi`, from the clock; printed so a failure
-/// names the moments that caused it.
-fn random_ms(lo: u64, hi: u64) -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    let mut x = nanos ^ 0x9e37_79b9_7f4a_7c15;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    lo + x % (hi - lo)
 }
 
 /// Per rank: steps rows = `steps`, no duplicate (rank, step) or (rank, step,

@@ -5,30 +5,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use rankscope_tests::{
-    CollectorProc, batch, bin, count, count_by_rank, duckdb, hello, open, rankscope, table,
+    CollectorProc, batch, bin, count, count_by_rank, duckdb, free_port, hello, open, random_ms,
+    rankscope, table,
 };
-
-/// Pseudo-random milliseconds in `lo..hi`, from the clock (printed by the caller,
-/// so a failure names the moment that caused it).
-fn random_ms(lo: u64, hi: u64) -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    let mut x = nanos ^ 0x9e37_79b9_7f4a_7c15;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    lo + x % (hi - lo)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[test]
 fn collector_killed_and_restarted_mid_run_loses_and_duplicates_nothing() {
