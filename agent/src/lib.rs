@@ -4,6 +4,7 @@
 //!
 //! Layout:
 //! - [`config`]: `RANKSCOPE_*`, torchrun and SLURM variables, and the builder;
+//! - [`layer_filter`]: which layers are sampled (`RANKSCOPE_LAYERS`);
 //! - [`row`]: a row of any table;
 //! - [`outbox`]: unacknowledged batches, numbered, bounded, resent after reconnects;
 //! - [`spill`]: the on-disk log that keeps them across outages and crashes;
@@ -16,6 +17,7 @@
 //!   and [`agent`] (the handle training code holds).
 
 pub mod config;
+pub mod layer_filter;
 pub mod outbox;
 pub mod row;
 pub mod spill;
