@@ -264,11 +264,6 @@ impl Outbox {
         self.rewind();
     }
 
-    /// Whether an earlier process of this rank left batches that were numbered.
-    pub fn continues_earlier_process(&self) -> bool {
-        self.next_seq.is_none() && self.entries.iter().any(|e| e.seq.is_some())
-    }
-
     /// Forgets every batch up to `durable_seq`, and the spill segments that held
     /// only those.
     pub fn acknowledge(&mut self, durable_seq: u64) {
@@ -463,7 +458,6 @@ mod tests {
             drop(o);
         }
         let mut o = spilled(dir.path(), u64::MAX, 0);
-        assert!(o.continues_earlier_process());
         assert_eq!(o.unacked_rows(), 6);
         o.push(batch(4));
         o.welcome(8);
