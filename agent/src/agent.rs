@@ -62,7 +62,7 @@ pub(crate) struct Inner {
     pub(crate) config: AgentConfig,
     pub(crate) transport: Arc<Transport>,
     worker: Mutex<Option<Worker>>,
-    worker_dropped: AtomicU64,
+    worker_dropped: Arc<AtomicU64>,
     /// Activations sampled on the training thread (measured or dropped).
     samples_taken: AtomicU64,
     worker_queue: Mutex<Option<std::sync::mpsc::SyncSender<worker::Job>>>,
@@ -265,12 +265,14 @@ impl Inner {
             center: config.center,
             conv_layout,
         };
+        let worker_dropped = Arc::new(AtomicU64::new(0));
         let (worker, queue) = if config.samples_layers() {
             let w = Worker::start(
                 transport.clone(),
                 options,
                 WORKER_QUEUE,
                 config.worker_priority,
+                worker_dropped.clone(),
             )?;
             let queue = w.sender();
             (Some(w), queue)
@@ -283,7 +285,7 @@ impl Inner {
             config,
             transport,
             worker: Mutex::new(worker),
-            worker_dropped: AtomicU64::new(0),
+            worker_dropped,
             samples_taken: AtomicU64::new(0),
             worker_queue: Mutex::new(queue),
             sampling: AtomicBool::new(false),
@@ -351,7 +353,7 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some(mut w) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            w.finish();
+            w.finish(self.config.finish_timeout / 2);
         }
         let mut final_rows = Vec::new();
         let dropped_samples = self.worker_dropped.load(Ordering::Relaxed);

@@ -8,9 +8,10 @@
 //! leaves free.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rankscope_proto::v1::{EventRow, LayerRow};
 use tch::Tensor;
@@ -34,16 +35,22 @@ pub struct Job {
 pub struct Worker {
     queue: Option<SyncSender<Job>>,
     thread: Option<JoinHandle<()>>,
+    /// Set when [`Worker::finish`] gives up waiting: queued jobs are skipped.
+    abandon: Arc<AtomicBool>,
 }
 
 impl Worker {
+    /// Starts the thread; jobs it skips are added to `dropped`.
     pub fn start(
         transport: Arc<Transport>,
         options: MatrixOptions,
         capacity: usize,
         priority: WorkerPriority,
+        dropped: Arc<AtomicU64>,
     ) -> std::io::Result<Worker> {
         let (tx, rx) = sync_channel::<Job>(capacity.max(1));
+        let abandon = Arc::new(AtomicBool::new(false));
+        let abandoned = abandon.clone();
         let thread = std::thread::Builder::new()
             .name("rankscope-metrics".into())
             .spawn(move || {
@@ -57,6 +64,10 @@ impl Worker {
                     tracing::debug!("cannot give the metrics worker the idle scheduling class");
                 }
                 for job in rx {
+                    if abandoned.load(Ordering::Relaxed) {
+                        dropped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     let started = Instant::now();
                     let m = metrics::compute(&job.matrix, &options, 0);
                     let compute_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -94,6 +105,7 @@ impl Worker {
         Ok(Worker {
             queue: Some(tx),
             thread: Some(thread),
+            abandon,
         })
     }
 
@@ -103,18 +115,33 @@ impl Worker {
         self.queue.clone()
     }
 
-    /// Finishes the queued jobs and stops the thread (once every sender is dropped).
-    pub fn finish(&mut self) {
+    /// Measures the queued jobs and stops the thread (once every sender is
+    /// dropped). A worker in the idle class may get no CPU time while other
+    /// processes keep every core busy: past `wait`, the jobs still queued are
+    /// skipped (and counted as dropped) rather than hold up the caller.
+    pub fn finish(&mut self, wait: Duration) {
         self.queue = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let deadline = Instant::now() + wait;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
+        if !thread.is_finished() {
+            tracing::warn!(
+                "the metrics worker got no CPU time to finish: its queued samples are dropped (counted)"
+            );
+            // Skipping is instant; only a sample already being measured is waited for.
+            self.abandon.store(true, Ordering::Relaxed);
+        }
+        let _ = thread.join();
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        self.finish();
+        self.finish(Duration::from_secs(2));
     }
 }
 
