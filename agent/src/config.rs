@@ -20,7 +20,7 @@
 //! | `RANKSCOPE_WORKER_PRIORITY` | `idle`: the metrics thread only uses CPU time training leaves free (samples are dropped, and counted, when there is none); `normal`: it competes with training | `idle` |
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
 //! | `RANKSCOPE_TOKEN` | bearer token the collector requires (`--token-file`) | none |
-//! | `RANKSCOPE_SPILL_DIR` | where unacknowledged batches wait on disk (`off`: memory only) | `rankscope-spill` in the temporary directory |
+//! | `RANKSCOPE_SPILL_DIR` | where unacknowledged batches wait on disk (`off`: memory only) | `rankscope-spill-$USER` in the temporary directory |
 //! | `RANKSCOPE_TLS_CA` | PEM CA that signed the collector's certificate: connect with TLS | plaintext |
 //! | `RANKSCOPE_TLS_CERT`, `RANKSCOPE_TLS_KEY` | PEM client certificate and key, for a collector with `--tls-client-ca` | none |
 //! | `RANKSCOPE_TLS_DOMAIN` | name to verify in the collector's certificate | the address's host |
@@ -69,9 +69,21 @@ pub const DEFAULT_SAMPLE_EVERY: u64 = 10;
 pub const DEFAULT_MAX_ROWS: usize = 4096;
 pub const DEFAULT_SPILL_MAX_BYTES: u64 = 1 << 30;
 
-/// The default spill root: `rankscope-spill` in the temporary directory.
+/// The default spill root: `rankscope-spill-$USER` in the temporary directory (one
+/// per user, so users of a shared node never collide).
 pub fn default_spill_dir() -> PathBuf {
-    std::env::temp_dir().join("rankscope-spill")
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| {
+            !u.is_empty()
+                && u.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        });
+    match user {
+        Some(user) => std::env::temp_dir().join(format!("rankscope-spill-{user}")),
+        None => std::env::temp_dir().join("rankscope-spill"),
+    }
 }
 
 /// What the agent records.
