@@ -61,7 +61,7 @@ pub async fn run(
             _ = until(&mut phase_rx, |p| p != Phase::Serving) => break,
         }
         intake.record_vanished(policy.rank_grace);
-        let (_, bytes, largest, age) = intake.pending_stats();
+        let (bytes, largest, age) = intake.pending_stats();
         let due = soon
             || age.is_some_and(|a| a >= policy.max_file_age)
             || largest >= policy.max_file_rows

@@ -164,12 +164,11 @@ impl Intake {
         self.lock().pending.restore(pending);
     }
 
-    /// (rows, bytes, largest file rows, age) of the buffer.
-    pub fn pending_stats(&self) -> (usize, usize, usize, Option<Duration>) {
+    /// (bytes, largest file rows, age) of the buffer.
+    pub fn pending_stats(&self) -> (usize, usize, Option<Duration>) {
         let inner = self.lock();
         let p = &inner.pending;
         (
-            p.rows(),
             p.bytes(),
             p.largest_file_rows(),
             p.since().map(|t| t.elapsed()),
