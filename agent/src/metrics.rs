@@ -106,12 +106,8 @@ pub struct LayerMetrics {
     pub centered: bool,
     /// `"channelwise"` or `"flatten"` for a 4-D activation, `""` otherwise.
     pub conv_layout: &'static str,
-    pub stable_rank: Option<f64>,
-    pub participation_ratio: Option<f64>,
-    pub participation_ratio_sv: Option<f64>,
-    pub cum_energy_90: Option<u32>,
-    pub nuclear_norm_ratio: Option<f64>,
-    pub effective_rank: Option<f64>,
+    /// The six spectral columns.
+    pub spectral: Spectral,
     pub mean: Option<f64>,
     /// Population standard deviation.
     pub std: Option<f64>,
@@ -296,12 +292,7 @@ pub fn compute(activation: &Tensor, options: &MatrixOptions, seed: u64) -> Layer
     };
     if let Err(error) = measure(activation, options, seed, &mut metrics) {
         tracing::warn!(%error, "activation metrics failed");
-        metrics.stable_rank = None;
-        metrics.participation_ratio = None;
-        metrics.participation_ratio_sv = None;
-        metrics.cum_energy_90 = None;
-        metrics.nuclear_norm_ratio = None;
-        metrics.effective_rank = None;
+        metrics.spectral = Spectral::default();
     }
     metrics
 }
@@ -362,13 +353,7 @@ fn measure(
         x.f_matmul(&x.f_tr()?)?
     };
     let eigenvalues = to_host(&gram.f_linalg_eigvalsh("L")?)?;
-    let s = spectral(&eigenvalues);
-    out.stable_rank = s.stable_rank;
-    out.participation_ratio = s.participation_ratio;
-    out.participation_ratio_sv = s.participation_ratio_sv;
-    out.cum_energy_90 = s.cum_energy_90;
-    out.nuclear_norm_ratio = s.nuclear_norm_ratio;
-    out.effective_rank = s.effective_rank;
+    out.spectral = spectral(&eigenvalues);
     Ok(())
 }
 
@@ -533,25 +518,29 @@ mod tests {
 
     fn assert_matches(metrics: &LayerMetrics, expected: &Spectral, tol: f64, what: &str) {
         let pairs = [
-            ("stable_rank", metrics.stable_rank, expected.stable_rank),
+            (
+                "stable_rank",
+                metrics.spectral.stable_rank,
+                expected.stable_rank,
+            ),
             (
                 "participation_ratio",
-                metrics.participation_ratio,
+                metrics.spectral.participation_ratio,
                 expected.participation_ratio,
             ),
             (
                 "participation_ratio_sv",
-                metrics.participation_ratio_sv,
+                metrics.spectral.participation_ratio_sv,
                 expected.participation_ratio_sv,
             ),
             (
                 "nuclear_norm_ratio",
-                metrics.nuclear_norm_ratio,
+                metrics.spectral.nuclear_norm_ratio,
                 expected.nuclear_norm_ratio,
             ),
             (
                 "effective_rank",
-                metrics.effective_rank,
+                metrics.spectral.effective_rank,
                 expected.effective_rank,
             ),
         ];
@@ -563,7 +552,7 @@ mod tests {
             );
         }
         assert_eq!(
-            metrics.cum_energy_90, expected.cum_energy_90,
+            metrics.spectral.cum_energy_90, expected.cum_energy_90,
             "{what}: cum_energy_90"
         );
     }
@@ -578,20 +567,9 @@ mod tests {
             effective_rank: Some(value),
         };
         if value == 0.0 {
-            assert_eq!(spectral_of(metrics), expected, "{what}");
+            assert_eq!(metrics.spectral, expected, "{what}");
         } else {
             assert_matches(metrics, &expected, tol, what);
-        }
-    }
-
-    fn spectral_of(m: &LayerMetrics) -> Spectral {
-        Spectral {
-            stable_rank: m.stable_rank,
-            participation_ratio: m.participation_ratio,
-            participation_ratio_sv: m.participation_ratio_sv,
-            cum_energy_90: m.cum_energy_90,
-            nuclear_norm_ratio: m.nuclear_norm_ratio,
-            effective_rank: m.effective_rank,
         }
     }
 
@@ -757,7 +735,7 @@ mod tests {
         let x = Tensor::from_slice(&[1.0f32, f32::NAN, f32::INFINITY, 3.0, 0.0, f32::NEG_INFINITY])
             .reshape([3, 2]);
         let m = compute(&x, &options(4096, false, ConvLayout::Channelwise), 0);
-        assert_eq!(spectral_of(&m), Spectral::default());
+        assert_eq!(m.spectral, Spectral::default());
         assert_eq!(m.nonfinite, 3);
         let (mean, var) = (
             4.0 / 3.0,
@@ -772,7 +750,7 @@ mod tests {
         let m = compute(&all_bad, &options(4096, false, ConvLayout::Channelwise), 0);
         assert_eq!(m.nonfinite, 2);
         assert_eq!((m.mean, m.std, m.zero_fraction), (None, None, None));
-        assert_eq!(spectral_of(&m), Spectral::default());
+        assert_eq!(m.spectral, Spectral::default());
     }
 
     #[test]
@@ -784,7 +762,7 @@ mod tests {
                 0,
             );
             assert_eq!((m.rows as i64, m.cols as i64), (shape[0], shape[1]));
-            assert_eq!(spectral_of(&m), Spectral::default());
+            assert_eq!(m.spectral, Spectral::default());
             assert_eq!(
                 (m.mean, m.std, m.zero_fraction, m.nonfinite),
                 (None, None, None, 0)
@@ -820,7 +798,7 @@ mod tests {
         assert_eq!(compute(&x, &opts, seed), first);
         let other = compute(&x, &opts, sample_seed("run-a", 0, 11, "encoder.0"));
         assert_eq!(other.rows, 50);
-        assert_ne!(other.stable_rank, first.stable_rank);
+        assert_ne!(other.spectral.stable_rank, first.spectral.stable_rank);
         // At or under the cap nothing is sampled.
         assert_eq!(
             compute(&x, &options(200, false, ConvLayout::Channelwise), seed).rows,
