@@ -6,11 +6,13 @@ SHELL := /bin/bash
 VENV := .venv
 TORCH_VERSION := 2.13.0
 DUCKDB_VERSION := 1.5.6
+MATURIN_VERSION := 1.16.0
+PYTEST_VERSION := 8.4.2
 PYTHON ?= python3
-STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)
+STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup demo test lint bench fmt collector clean
+.PHONY: help setup python demo test lint bench fmt collector clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,32 +23,42 @@ $(STAMP):
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "installing python3-venv"; \
 	  (command -v sudo >/dev/null && sudo apt-get install -y python3-venv || apt-get install -y python3-venv); }
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) duckdb-cli==$(DUCKDB_VERSION)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
+	  torch==$(TORCH_VERSION) duckdb-cli==$(DUCKDB_VERSION) maturin==$(MATURIN_VERSION) pytest==$(PYTEST_VERSION)
 	@# A fixed path to libtorch, whatever the python version (see .cargo/config.toml).
 	ln -sfn "$$($(VENV)/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')" $(VENV)/libtorch
 	@touch $@
 
-setup: $(STAMP) ## create the venv (torch, torchrun, duckdb)
+setup: $(STAMP) python ## create the venv (torch, torchrun, duckdb) and install the Python package
 
-demo: setup ## train 4 ranks into an embedded collector and summarise the run
-	cargo run --release -p rankscope -- demo
+# The `rankscope` Python package (agent/python), built against the venv's torch
+# and installed into the venv. Cargo rebuilds only what changed.
+python: $(STAMP) ## build and install the rankscope Python package into .venv
+	cd agent/python && VIRTUAL_ENV=$(CURDIR)/$(VENV) maturin develop --release --quiet
+
+demo: setup ## 4 PyTorch DDP ranks under torchrun into an embedded collector, then the summary
+	cargo run --release -p rankscope -- demo --script agent/python/examples/ddp_train.py --steps 100
 
 test: setup ## build everything and run every test
 	cargo build --workspace --bins
 	cargo test --workspace --no-fail-fast
+	$(VENV)/bin/python -m pytest -q agent/python/tests
 
 lint: setup ## rustfmt and clippy, as CI wants them
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cd agent/python && cargo fmt -- --check && cargo clippy --all-targets -- -D warnings
 
 fmt:
 	cargo fmt --all
 
 bench: setup ## overhead benchmarks, printed and saved to bench-latest.md (see BENCHMARKS.md)
 	cargo run --release -p rankscope -- bench | tee bench-latest.md
+	$(VENV)/bin/python agent/python/benches/ddp_ab.py | tee -a bench-latest.md
 
 collector: ## a collector-only binary, without libtorch
 	cargo build --release -p rankscope --no-default-features
 
 clean:
 	cargo clean
+	cd agent/python && cargo clean

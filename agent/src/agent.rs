@@ -159,7 +159,7 @@ impl Agent {
     }
 
     /// Begins step `step`; the guard records the step row when dropped.
-    pub fn step(&self, step: u64) -> StepGuard<'_> {
+    pub fn step(&self, step: u64) -> StepGuard {
         StepGuard::begin(self, step)
     }
 
@@ -169,7 +169,9 @@ impl Agent {
         self.observe_kind(name, None, activation)
     }
 
-    pub(crate) fn observe_kind(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
+    /// [`Agent::observe`] for a layer of a known kind (`attention`, so the profile
+    /// counts its FLOPs).
+    pub fn observe_kind(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
         let Some(inner) = &self.inner else { return };
         if !inner.sampling.load(Ordering::Relaxed) {
             if inner.profiling.load(Ordering::Relaxed) {

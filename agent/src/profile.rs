@@ -50,6 +50,17 @@ impl Agent {
         optimizer: Optimizer,
         forward: impl FnOnce(),
     ) -> Vec<ModelRow> {
+        self.profile_parameters(vs.variables(), optimizer, forward)
+    }
+
+    /// [`Agent::profile_model`] for parameters given by name (`layer.weight`), as a
+    /// PyTorch module's `named_parameters()` lists them.
+    pub fn profile_parameters(
+        &self,
+        parameters: impl IntoIterator<Item = (String, tch::Tensor)>,
+        optimizer: Optimizer,
+        forward: impl FnOnce(),
+    ) -> Vec<ModelRow> {
         let shapes = match self.inner() {
             Some(inner) => {
                 inner.profiling.store(true, Ordering::Relaxed);
@@ -62,7 +73,7 @@ impl Agent {
             }
             None => Vec::new(),
         };
-        let rows = model_rows(vs, optimizer, &shapes);
+        let rows = model_rows(parameters, optimizer, &shapes);
         if let Some(inner) = self.inner() {
             for row in &rows {
                 inner.transport.send(Row::Model(row.clone()));
@@ -74,12 +85,12 @@ impl Agent {
 
 /// Groups the VarStore's variables into layers and counts them.
 pub(crate) fn model_rows(
-    vs: &VarStore,
+    parameters: impl IntoIterator<Item = (String, tch::Tensor)>,
     optimizer: Optimizer,
     shapes: &[ObservedShape],
 ) -> Vec<ModelRow> {
     let mut layers: BTreeMap<String, Vec<(String, tch::Tensor)>> = BTreeMap::new();
-    for (path, tensor) in vs.variables() {
+    for (path, tensor) in parameters {
         let layer = shapes
             .iter()
             .filter(|s| path.starts_with(&format!("{}.", s.name)))
@@ -199,7 +210,7 @@ mod tests {
                 output: vec![4, 8, 30, 30],
             },
         ];
-        let rows = model_rows(&vs, Optimizer::Adam, &shapes);
+        let rows = model_rows(vs.variables(), Optimizer::Adam, &shapes);
         let fc = &rows[0];
         assert_eq!((fc.layer.as_str(), fc.kind.as_str()), ("fc", "linear"));
         assert_eq!(fc.params, 5 * 64 + 64);

@@ -3,8 +3,13 @@
 //! the agent spent on the training thread during the step, this row's own
 //! bookkeeping included. Queuing the row happens after its `overhead_ms` is taken,
 //! so that time is counted in the next step's.
+//!
+//! [`StepGuard::stop`] ends the step's clock without sending the row, for a caller
+//! that fills in values later (the Python package does, for loss and communication
+//! times that are still being computed on an accelerator); dropping the guard then
+//! sends the row with the values known by then.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -22,21 +27,39 @@ pub enum Phase {
     Optimizer,
 }
 
-/// One training step; records its row when dropped.
-#[derive(Debug)]
-pub struct StepGuard<'a> {
-    agent: &'a Agent,
-    step: u64,
-    started: Instant,
-    phases: Cell<[Option<f64>; 4]>,
-    loss: Cell<Option<f64>>,
-    grad_norm: Cell<Option<f64>>,
-    lr: Cell<Option<f64>>,
-    samples: Cell<Option<u64>>,
+impl Phase {
+    /// Every phase, in the order of a training step.
+    pub const ALL: [Phase; 4] = [Phase::Data, Phase::Forward, Phase::Backward, Phase::Optimizer];
+
+    /// The phase's name, as in the `steps` columns (`data` for `data_ms`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Data => "data",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+        }
+    }
+
+    /// The phase named `name` (see [`Phase::label`]).
+    pub fn parse(name: &str) -> Option<Phase> {
+        Phase::ALL.into_iter().find(|p| p.label() == name)
+    }
 }
 
-impl<'a> StepGuard<'a> {
-    pub(crate) fn begin(agent: &'a Agent, step: u64) -> StepGuard<'a> {
+/// One training step; records its row when dropped. It holds a clone of the
+/// agent, so it may outlive the borrow it was made from.
+#[derive(Debug)]
+pub struct StepGuard {
+    agent: Agent,
+    started: Instant,
+    /// The row as far as it is known; `step_ms` is set by [`StepGuard::stop`].
+    row: RefCell<StepRow>,
+    stopped: Cell<bool>,
+}
+
+impl StepGuard {
+    pub(crate) fn begin(agent: &Agent, step: u64) -> StepGuard {
         let started = Instant::now();
         if let Some(inner) = agent.inner() {
             inner.step.store(step, Ordering::Relaxed);
@@ -45,25 +68,31 @@ impl<'a> StepGuard<'a> {
             inner.sampling.store(sampled, Ordering::Relaxed);
         }
         StepGuard {
-            agent,
-            step,
+            agent: agent.clone(),
             started,
-            phases: Cell::new([None; 4]),
-            loss: Cell::new(None),
-            grad_norm: Cell::new(None),
-            lr: Cell::new(None),
-            samples: Cell::new(None),
+            row: RefCell::new(StepRow {
+                step,
+                ..StepRow::default()
+            }),
+            stopped: Cell::new(false),
         }
     }
 
     /// The step index.
     pub fn index(&self) -> u64 {
-        self.step
+        self.row.borrow().step
+    }
+
+    /// Whether layer activations are sampled in this step.
+    pub fn sampled(&self) -> bool {
+        self.agent
+            .inner()
+            .is_some_and(|i| !self.stopped.get() && i.sampling.load(Ordering::Relaxed))
     }
 
     /// Times a phase until the returned guard is dropped. A phase entered twice
     /// in one step adds up.
-    pub fn phase(&self, phase: Phase) -> PhaseGuard<'_, 'a> {
+    pub fn phase(&self, phase: Phase) -> PhaseGuard<'_> {
         PhaseGuard {
             step: self,
             phase,
@@ -71,75 +100,92 @@ impl<'a> StepGuard<'a> {
         }
     }
 
+    /// Adds `ms` to a phase's time (for callers that time phases themselves).
+    pub fn add_phase_ms(&self, phase: Phase, ms: f64) {
+        let mut row = self.row.borrow_mut();
+        let slot = match phase {
+            Phase::Data => &mut row.data_ms,
+            Phase::Forward => &mut row.forward_ms,
+            Phase::Backward => &mut row.backward_ms,
+            Phase::Optimizer => &mut row.optimizer_ms,
+        };
+        *slot = Some(slot.unwrap_or(0.0) + ms);
+    }
+
     pub fn loss(&self, value: f64) {
-        self.loss.set(Some(value));
+        self.row.borrow_mut().loss = Some(value);
     }
 
     /// The global L2 norm of all gradients.
     pub fn grad_norm(&self, value: f64) {
-        self.grad_norm.set(Some(value));
+        self.row.borrow_mut().grad_norm = Some(value);
     }
 
     pub fn lr(&self, value: f64) {
-        self.lr.set(Some(value));
+        self.row.borrow_mut().lr = Some(value);
     }
 
-    /// Rows (examples) this rank processed in the step.
+    /// Training examples this rank processed in the step.
     pub fn samples(&self, value: u64) {
-        self.samples.set(Some(value));
+        self.row.borrow_mut().samples = Some(value);
     }
-}
 
-impl Drop for StepGuard<'_> {
-    fn drop(&mut self) {
+    /// Time from launch to completion of the step's gradient collectives, summed
+    /// over buckets. In data-parallel training the rank that waits least is the
+    /// one the others wait for.
+    pub fn comm_ms(&self, value: f64) {
+        self.row.borrow_mut().comm_ms = Some(value);
+    }
+
+    /// Ends the step's clock and reads memory, without sending the row yet.
+    /// Callable more than once; only the first call counts.
+    pub fn stop(&self) {
+        if self.stopped.replace(true) {
+            return;
+        }
         let Some(inner) = self.agent.inner() else {
             return;
         };
-        let step_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        let mut row = self.row.borrow_mut();
+        row.step_ms = self.started.elapsed().as_secs_f64() * 1e3;
         let own = Instant::now();
         inner.sampling.store(false, Ordering::Relaxed);
         let (rss, device) = inner.memory();
-        let [data_ms, forward_ms, backward_ms, optimizer_ms] = self.phases.get();
-        let mut row = StepRow {
-            step: self.step,
-            time: now_us(),
-            step_ms,
-            data_ms,
-            forward_ms,
-            backward_ms,
-            optimizer_ms,
-            loss: self.loss.get(),
-            grad_norm: self.grad_norm.get(),
-            lr: self.lr.get(),
-            samples: self.samples.get(),
-            overhead_ms: 0.0,
-            rss_bytes: rss,
-            device_allocated_bytes: device.map(|d| d.allocated),
-            device_reserved_bytes: device.map(|d| d.reserved),
-            device_peak_bytes: device.map(|d| d.peak),
-        };
+        row.time = now_us();
+        row.rss_bytes = rss;
+        row.device_allocated_bytes = device.map(|d| d.allocated);
+        row.device_reserved_bytes = device.map(|d| d.reserved);
+        row.device_peak_bytes = device.map(|d| d.peak);
         inner.add_overhead(own);
         row.overhead_ms = inner.overhead_ns.swap(0, Ordering::Relaxed) as f64 / 1e6;
+    }
+}
+
+impl Drop for StepGuard {
+    fn drop(&mut self) {
+        self.stop();
+        let Some(inner) = self.agent.inner() else {
+            return;
+        };
         let queuing = Instant::now();
-        inner.transport.send(Row::Step(row));
+        inner
+            .transport
+            .send(Row::Step(self.row.take()));
         inner.add_overhead(queuing);
     }
 }
 
 /// Times one phase of a step.
 #[derive(Debug)]
-pub struct PhaseGuard<'s, 'a> {
-    step: &'s StepGuard<'a>,
+pub struct PhaseGuard<'s> {
+    step: &'s StepGuard,
     phase: Phase,
     started: Instant,
 }
 
-impl Drop for PhaseGuard<'_, '_> {
+impl Drop for PhaseGuard<'_> {
     fn drop(&mut self) {
         let ms = self.started.elapsed().as_secs_f64() * 1e3;
-        let mut phases = self.step.phases.get();
-        let slot = &mut phases[self.phase as usize];
-        *slot = Some(slot.unwrap_or(0.0) + ms);
-        self.step.phases.set(phases);
+        self.step.add_phase_ms(self.phase, ms);
     }
 }

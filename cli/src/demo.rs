@@ -1,5 +1,7 @@
-//! `rankscope demo`: an embedded collector, 4 ranks of `rankscope train` launched
-//! the torchrun way, then the run's summary and where its Parquet files are.
+//! `rankscope demo`: an embedded collector, 4 ranks of training, then the run's
+//! summary and where its Parquet files are. The ranks are real PyTorch DDP ranks of
+//! a Python script under the real `torchrun` (`--script`, what `make demo` runs), or
+//! `rankscope train` launched the torchrun way.
 
 use std::path::PathBuf;
 
@@ -10,7 +12,8 @@ use crate::launch;
 /// Train 4 ranks into an embedded collector and summarise the run.
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = "Examples:
-  rankscope demo
+  rankscope demo --script agent/python/examples/ddp_train.py --steps 100   # PyTorch DDP
+  rankscope demo                                                          # Rust tch ranks
   rankscope demo --model transformer --steps 300 --nproc-per-node 2")]
 pub struct Args {
     /// Output directory of the embedded collector.
@@ -26,6 +29,13 @@ pub struct Args {
     pub steps: u64,
     #[arg(long, default_value_t = 10)]
     pub sample_every: u64,
+    /// A PyTorch training script to run under `torchrun --standalone` instead of
+    /// `rankscope train` (it gets `--steps`; rankscope reads its variables).
+    #[arg(long)]
+    pub script: Option<PathBuf>,
+    /// The torchrun to use with `--script`.
+    #[arg(long, default_value = "torchrun")]
+    pub torchrun: PathBuf,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -46,32 +56,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
 
     let run_id = launch::fresh_run_id();
-    let exe = std::env::current_exe().context("locating the rankscope binary")?;
-    let launch_args = launch::Args {
-        nproc_per_node: args.nproc_per_node,
-        nnodes: 1,
-        node_rank: 0,
-        master_addr: "127.0.0.1".into(),
-        master_port: 29500,
-        run_id: Some(run_id.clone()),
-        command: vec![
-            exe.display().to_string(),
-            "train".into(),
-            "--model".into(),
-            args.model.clone(),
-            "--steps".into(),
-            args.steps.to_string(),
-            "--sample-every".into(),
-            args.sample_every.to_string(),
-            "--device".into(),
-            "cpu".into(),
-        ],
+    let statuses = match &args.script {
+        Some(script) => vec![run_script(&args, script, &addr.to_string(), &run_id)?],
+        None => run_train(&args, &addr.to_string(), &run_id)?,
     };
-    println!(
-        "launching {} ranks of `rankscope train --model {}` (run {run_id})",
-        args.nproc_per_node, args.model
-    );
-    let statuses = launch::launch(&launch_args, &[("RANKSCOPE_COLLECTOR", addr.to_string())])?;
     let _ = stop_tx.send(());
     let summary = runtime
         .block_on(collector)
@@ -94,4 +82,75 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "  duckdb -c \"select layer, step, avg(stable_rank) sr, avg(effective_rank) er from read_parquet('{out}/layers/*/*.parquet', hive_partitioning=true) where run_id='{run_id}' group by all order by layer, step\""
     );
     Ok(())
+}
+
+/// `torchrun --standalone --nproc-per-node N SCRIPT --steps S` with the agent's
+/// variables.
+fn run_script(
+    args: &Args,
+    script: &std::path::Path,
+    collector: &str,
+    run_id: &str,
+) -> anyhow::Result<std::process::ExitStatus> {
+    if !script.exists() {
+        bail!(
+            "--script {}: no such file; give the path of a PyTorch training script",
+            script.display()
+        );
+    }
+    println!(
+        "launching {} PyTorch DDP ranks of {} under torchrun (run {run_id})",
+        args.nproc_per_node,
+        script.display()
+    );
+    std::process::Command::new(&args.torchrun)
+        .args(["--standalone", "--nproc-per-node"])
+        .arg(args.nproc_per_node.to_string())
+        .arg(script)
+        .args(["--steps", &args.steps.to_string()])
+        .env("RANKSCOPE_COLLECTOR", collector)
+        .env("RANKSCOPE_RUN_ID", run_id)
+        .env("RANKSCOPE_SAMPLE_EVERY", args.sample_every.to_string())
+        .env("OMP_NUM_THREADS", "1")
+        .status()
+        .with_context(|| {
+            format!(
+                "cannot run {}: install torch in the environment (make setup) or pass --torchrun",
+                args.torchrun.display()
+            )
+        })
+}
+
+/// `rankscope train` ranks, launched with torchrun's variables.
+fn run_train(
+    args: &Args,
+    collector: &str,
+    run_id: &str,
+) -> anyhow::Result<Vec<std::process::ExitStatus>> {
+    let exe = std::env::current_exe().context("locating the rankscope binary")?;
+    let launch_args = launch::Args {
+        nproc_per_node: args.nproc_per_node,
+        nnodes: 1,
+        node_rank: 0,
+        master_addr: "127.0.0.1".into(),
+        master_port: 29500,
+        run_id: Some(run_id.to_string()),
+        command: vec![
+            exe.display().to_string(),
+            "train".into(),
+            "--model".into(),
+            args.model.clone(),
+            "--steps".into(),
+            args.steps.to_string(),
+            "--sample-every".into(),
+            args.sample_every.to_string(),
+            "--device".into(),
+            "cpu".into(),
+        ],
+    };
+    println!(
+        "launching {} ranks of `rankscope train --model {}` (run {run_id})",
+        args.nproc_per_node, args.model
+    );
+    launch::launch(&launch_args, &[("RANKSCOPE_COLLECTOR", collector.to_string())])
 }

@@ -167,6 +167,8 @@ fn simulate_rank(
             optimizer_ms: Some(step_ms * 0.1),
             loss: Some(2.5 * (-3.0 * progress).exp() + rng.random_range(0.0..0.05)),
             grad_norm: Some(1.0 + rng.random_range(0.0..0.5)),
+            // Rank 3 is the straggler: the others wait for it in the all-reduce.
+            comm_ms: Some(rng.random_range(0.5..1.5) + if rank == 3 { 0.0 } else { 8.0 }),
             lr: Some(3e-4),
             samples: Some(256),
             overhead_ms: 0.02,

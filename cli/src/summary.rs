@@ -74,6 +74,8 @@ struct RankStats {
     steps: u64,
     step_ms: f64,
     overhead_ms: f64,
+    /// (sum, steps that have it) of `comm_ms`.
+    comm_ms: (f64, u64),
     samples_dropped: i64,
 }
 
@@ -81,16 +83,21 @@ struct RankStats {
 pub fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
     let mut ranks: BTreeMap<u32, RankStats> = BTreeMap::new();
     for b in batches(out, "steps", run_id)? {
-        let (rank, step_ms, overhead) = (
+        let (rank, step_ms, overhead, comm) = (
             u32s(&b, "rank"),
             f64s(&b, "step_ms"),
             f64s(&b, "overhead_ms"),
+            f64s(&b, "comm_ms"),
         );
         for i in 0..b.num_rows() {
             let s = ranks.entry(rank[i]).or_default();
             s.steps += 1;
             s.step_ms += step_ms[i].unwrap_or(0.0);
             s.overhead_ms += overhead[i].unwrap_or(0.0);
+            if let Some(c) = comm[i] {
+                s.comm_ms.0 += c;
+                s.comm_ms.1 += 1;
+            }
         }
     }
     for b in batches(out, "events", run_id)? {
@@ -133,14 +140,21 @@ pub fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
         }
     }
     let mut text = format!("run {run_id}\n\n");
-    text += "rank   steps   mean step ms   overhead %   samples dropped\n";
+    text += "rank   steps   mean step ms   mean comm ms   overhead %   samples dropped\n";
     for (rank, s) in &ranks {
         let mean = s.step_ms / s.steps.max(1) as f64;
+        let comm = match s.comm_ms {
+            (_, 0) => "-".to_string(),
+            (sum, n) => format!("{:.3}", sum / n as f64),
+        };
         let pct = 100.0 * s.overhead_ms / s.step_ms.max(f64::MIN_POSITIVE);
         text += &format!(
-            "{rank:>4}   {:>5}   {mean:>12.3}   {pct:>10.3}   {:>15}\n",
+            "{rank:>4}   {:>5}   {mean:>12.3}   {comm:>12}   {pct:>10.3}   {:>15}\n",
             s.steps, s.samples_dropped
         );
+    }
+    if ranks.values().any(|s| s.comm_ms.1 > 0) {
+        text += "(comm ms: all-reduce launch to completion; the rank that waits least is the one the others wait for)\n";
     }
     if ranks.values().any(|s| s.samples_dropped > 0) {
         text += "(samples dropped: the metrics threads had no spare CPU time; see RANKSCOPE_WORKER_PRIORITY)\n";

@@ -135,6 +135,7 @@ impl Rows {
                 cols.f64("grad_norm", rows, |r| r.grad_norm);
                 cols.f64("lr", rows, |r| r.lr);
                 cols.u64("samples", rows, |r| r.samples);
+                cols.f64("comm_ms", rows, |r| r.comm_ms);
                 cols.f64("overhead_ms", rows, |r| Some(r.overhead_ms));
                 cols.u64("rss_bytes", rows, |r| r.rss_bytes);
                 cols.u64("device_allocated_bytes", rows, |r| r.device_allocated_bytes);

@@ -1,0 +1,486 @@
+"""The agent handle of one rank: module hooks, the DDP communication hook, and the
+step context managers. Measuring, batching, spilling and sending are the Rust
+agent's (``rankscope._native``); this module only attaches it to PyTorch."""
+
+from __future__ import annotations
+
+import atexit
+import time
+import warnings
+import weakref
+from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from . import _native
+from ._native import NativeStep, Report
+
+PHASES = ("data", "forward", "backward", "optimizer")
+"""The phases a step can be split into; any other name is a ValueError."""
+
+_DDP_PREFIX = "module."
+
+
+def init(
+    *,
+    collector: Optional[str] = None,
+    run_id: Optional[str] = None,
+    mode: Optional[str] = None,
+    sample_every: Optional[int] = None,
+    layers: Optional[Union[str, Iterable[str]]] = None,
+    max_rows: Optional[int] = None,
+    workload: Optional[str] = None,
+) -> Union["Agent", "InertAgent"]:
+    """Starts the agent of this rank and returns its handle.
+
+    Rank, world size and node come from torchrun (``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``GROUP_RANK``) or SLURM; everything else from ``RANKSCOPE_*``
+    variables, which these keywords override:
+
+    - ``collector``: ``host:port`` of the collector (``RANKSCOPE_COLLECTOR``,
+      default ``127.0.0.1:50051``);
+    - ``run_id``: the run's id (``RANKSCOPE_RUN_ID``, else torchrun's run id);
+    - ``mode``: ``full``, ``rank0`` (only rank 0 records), ``steps`` (no layer
+      sampling) or ``off`` (``RANKSCOPE_MODE``, default ``full``);
+    - ``sample_every``: sample layer activations every N steps (default 10);
+    - ``layers``: layer name patterns with ``*`` wildcards, as a comma-separated
+      string or a list (default: all watched layers);
+    - ``max_rows``: row cap of each activation matrix (default 4096);
+    - ``workload``: a label for the ``runs`` table.
+
+    Where this rank records nothing (``mode="off"``, or ``rank0`` on another rank)
+    the result is an :class:`InertAgent` whose calls cost nothing.
+
+    A wrong setting raises :class:`rankscope.ConfigError` naming the variable and
+    the fix; with ``RANKSCOPE_ON_CONFIG_ERROR=disable`` it warns once and returns an
+    inert agent instead. A missing or dead collector never raises: rows wait in the
+    agent's spill and are sent when it is back.
+
+    The agent is finished at interpreter exit if :meth:`Agent.finish` was not
+    called. ``with rankscope.init() as agent:`` finishes it on leaving the block.
+    """
+    if layers is not None and not isinstance(layers, str):
+        layers = ",".join(layers)
+    native = _native.init(
+        collector=collector,
+        run_id=run_id,
+        mode=mode,
+        sample_every=sample_every,
+        layers=layers,
+        max_rows=max_rows,
+        workload=workload,
+    )
+    if not native.active:
+        return InertAgent()
+    return Agent(native)
+
+
+class Agent:
+    """The agent of one rank. Made by :func:`rankscope.init`."""
+
+    def __init__(self, native: "_native.NativeAgent") -> None:
+        self._native = native
+        self._watched: List[Tuple[str, nn.Module, Optional[str]]] = []
+        self._cuda = torch.cuda.is_available()
+        self._deferred: Optional[_Deferred] = _Deferred(native) if self._cuda else None
+        self._report: Optional[Report] = None
+        # Finish at exit without keeping the agent alive just for that.
+        ref = weakref.ref(self)
+        atexit.register(lambda: ref() is not None and ref().finish())
+
+    def __repr__(self) -> str:
+        n = self._native
+        return f"rankscope.Agent(run_id={n.run_id!r}, rank={n.rank}, mode={n.mode!r})"
+
+    def __enter__(self) -> "Agent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.finish()
+
+    @property
+    def active(self) -> bool:
+        """True: this agent records (an :class:`InertAgent` is False)."""
+        return True
+
+    @property
+    def rank(self) -> int:
+        return self._native.rank
+
+    @property
+    def run_id(self) -> str:
+        return self._native.run_id
+
+    # -- layers -----------------------------------------------------------------
+
+    def watch(self, model: nn.Module, *, comm: bool = True) -> List[str]:
+        """Observes the output of every leaf module that has parameters (and of
+        every ``nn.MultiheadAttention``), named by its module path. A
+        ``DistributedDataParallel`` model is unwrapped, so names carry no
+        ``module.`` prefix, and (with ``comm=True``) a communication hook that
+        times the gradient all-reduce is registered: ``steps.comm_ms``.
+
+        Hooks are installed only for sampled steps, so other steps cost nothing.
+        Returns the watched layer names, after the ``layers`` filter.
+        """
+        inner = _unwrap(model)
+        added = []
+        for name, module, kind in _layers(inner):
+            if self._native.wants_layer(name) and not any(w[1] is module for w in self._watched):
+                self._watched.append((name, module, kind))
+                added.append(name)
+        if comm and _is_ddp(model):
+            self._register_comm_hook(model)
+        return added
+
+    def observe(self, name: str, tensor: torch.Tensor) -> None:
+        """Observes an activation of layer ``name`` (from hand-written forward code).
+        Costs one call on steps that are not sampled."""
+        self._native.observe(name, tensor)
+
+    def profile(
+        self,
+        model: nn.Module,
+        example_input: Any,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+    ) -> List[dict]:
+        """Records the static model profile (the ``model`` table): per layer its
+        kind, parameters, parameter, gradient and optimizer-state bytes, and
+        forward FLOPs for ``example_input``'s batch. Runs one forward pass with
+        gradients off (on the unwrapped module, so no collective runs). A tuple
+        input is passed as positional arguments, a dict as keywords. Returns the
+        rows."""
+        inner = _unwrap(model)
+        params = [(name, p) for name, p in inner.named_parameters()]
+        layers = self._watched or [
+            (n, m, k) for n, m, k in _layers(inner) if self._native.wants_layer(n)
+        ]
+
+        def forward() -> None:
+            handles = _install(self._native, layers)
+            try:
+                with torch.no_grad():
+                    if isinstance(example_input, tuple):
+                        inner(*example_input)
+                    elif isinstance(example_input, dict):
+                        inner(**example_input)
+                    else:
+                        inner(example_input)
+            finally:
+                for h in handles:
+                    h.remove()
+
+        return self._native.profile(params, _optimizer_kind(optimizer), forward)
+
+    # -- steps --------------------------------------------------------------------
+
+    def step(self, step: int) -> NativeStep:
+        """Begins step ``step``: ``with agent.step(i) as s:`` records the ``steps``
+        row on exit. Inside, ``with s.phase("data" | "forward" | "backward" |
+        "optimizer"):`` times a phase, and ``s.record(loss=, lr=, grad_norm=,
+        samples=)`` takes floats or 0-d tensors."""
+        s = self._native.step(step)
+        if self._deferred is not None:
+            return _CudaStep(s, self._deferred, self._hooks_for(s))
+        if s.sampled and self._watched:
+            handles = _install(self._native, self._watched)
+            s.set_on_exit(lambda: _remove(handles))
+        return s
+
+    def _hooks_for(self, s: NativeStep) -> list:
+        if s.sampled and self._watched:
+            return _install(self._native, self._watched)
+        return []
+
+    def event(self, kind: str, message: str, value: Optional[int] = None) -> None:
+        """Records a row in the ``events`` table."""
+        self._native.event(kind, message, value)
+
+    def samples(self) -> Tuple[int, int]:
+        """``(activations sampled, of which dropped)`` so far."""
+        return self._native.samples()
+
+    def finish(self) -> Report:
+        """Sends everything and waits (at most 10 s) for the collector to
+        acknowledge it. Returns a :class:`rankscope.Report`: ``rows_unsent`` rows
+        did not reach the collector (``rows_spilled`` of them wait on disk for a
+        later process or ``rankscope replay``). Callable more than once; also runs
+        at interpreter exit."""
+        if self._report is None:
+            if self._deferred is not None:
+                self._deferred.flush()
+            self._report = self._native.finish()
+        return self._report
+
+    # -- communication -------------------------------------------------------------
+
+    def wrap_comm_hook(self, hook: Callable) -> Callable:
+        """Wraps a DDP communication hook ``hook(state, bucket) -> Future`` so its
+        time from launch to completion is added to the step's ``comm_ms``. For a
+        model with a hook of your own: ``ddp.register_comm_hook(state,
+        agent.wrap_comm_hook(my_hook))``. Without a device sync: CUDA events on
+        GPU, the future's completion on gloo."""
+        native = self._native
+        native.enable_comm()
+        deferred = self._deferred
+
+        def timed(state: Any, bucket: Any) -> torch.futures.Future:
+            if deferred is not None and bucket.buffer().is_cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fut = hook(state, bucket)
+
+                def done_cuda(f: torch.futures.Future) -> Any:
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    deferred.comm_events.append((start, end))
+                    return f.value()
+
+                return fut.then(done_cuda)
+            started = time.perf_counter()
+            fut = hook(state, bucket)
+
+            def done(f: torch.futures.Future) -> Any:
+                native.add_comm_ms((time.perf_counter() - started) * 1e3)
+                return f.value()
+
+            return fut.then(done)
+
+        return timed
+
+    def _register_comm_hook(self, ddp: nn.Module) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        try:
+            ddp.register_comm_hook(None, self.wrap_comm_hook(default_hooks.allreduce_hook))
+        except RuntimeError as error:
+            warnings.warn(
+                f"rankscope cannot time the all-reduce ({error}); to record comm_ms with "
+                "a communication hook of your own, register agent.wrap_comm_hook(hook) "
+                "instead of hook, and call agent.watch(model, comm=False)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+class InertAgent:
+    """The agent of a rank that records nothing (``mode="off"``, ``rank0`` mode on
+    another rank, or a disabled configuration). Every call returns at once."""
+
+    active = False
+    rank = None
+    run_id = None
+
+    def __repr__(self) -> str:
+        return "rankscope.InertAgent()"
+
+    def __enter__(self) -> "InertAgent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def watch(self, model: nn.Module, *, comm: bool = True) -> List[str]:
+        return []
+
+    def observe(self, name: str, tensor: torch.Tensor) -> None:
+        pass
+
+    def profile(self, model: nn.Module, example_input: Any, optimizer: Any = None) -> List[dict]:
+        return []
+
+    def step(self, step: int) -> "_InertStep":
+        return _INERT_STEP
+
+    def event(self, kind: str, message: str, value: Optional[int] = None) -> None:
+        pass
+
+    def samples(self) -> Tuple[int, int]:
+        return (0, 0)
+
+    def wrap_comm_hook(self, hook: Callable) -> Callable:
+        return hook
+
+    def finish(self) -> Report:
+        return _EMPTY_REPORT
+
+
+class _InertStep:
+    """A step and phase context manager that does nothing."""
+
+    index = None
+    sampled = False
+
+    def __enter__(self) -> "_InertStep":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def phase(self, name: str) -> "_InertStep":
+        if name not in PHASES:
+            raise ValueError(
+                f"phase {name!r} is not a phase: use data, forward, backward or optimizer"
+            )
+        return self
+
+    def record(self, **values: Any) -> None:
+        pass
+
+
+_INERT_STEP = _InertStep()
+_EMPTY_REPORT = _native.empty_report()
+
+
+class _CudaStep:
+    """A step on a CUDA machine: loss and grad-norm tensors are copied to pinned
+    host memory without blocking, and the row is sent once a CUDA event says the
+    copies (and the step's all-reduce timings) are complete, at a later step or at
+    finish, so the training thread never waits for the device."""
+
+    __slots__ = ("_s", "_deferred", "_handles", "_tensors")
+
+    def __init__(self, s: NativeStep, deferred: "_Deferred", handles: list) -> None:
+        self._s = s
+        self._deferred = deferred
+        self._handles = handles
+        self._tensors: dict = {}
+
+    @property
+    def index(self) -> int:
+        return self._s.index
+
+    @property
+    def sampled(self) -> bool:
+        return self._s.sampled
+
+    def __enter__(self) -> "_CudaStep":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _remove(self._handles)
+        self._s.stop()
+        self._deferred.hold(self._s, self._tensors)
+
+    def phase(self, name: str) -> Any:
+        return self._s.phase(name)
+
+    def record(self, **values: Any) -> None:
+        rest = {}
+        for key, value in values.items():
+            if value is None:
+                continue
+            if isinstance(value, torch.Tensor) and value.is_cuda:
+                host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+                host.copy_(value.detach(), non_blocking=True)
+                self._tensors[key] = host
+            else:
+                rest[key] = value
+        self._s.record(**rest)
+
+
+class _Deferred:
+    """Steps whose values are still being computed on the device."""
+
+    def __init__(self, native: "_native.NativeAgent") -> None:
+        self.native = native
+        self.comm_events: list = []
+        self.pending: list = []
+
+    def hold(self, s: NativeStep, tensors: dict) -> None:
+        done = torch.cuda.Event()
+        done.record()
+        self.pending.append((s, tensors, self.comm_events, done))
+        self.comm_events = []
+        self.poll()
+
+    def poll(self) -> None:
+        while self.pending and self.pending[0][3].query():
+            self._send(*self.pending.pop(0)[:3])
+
+    def flush(self) -> None:
+        if self.pending:
+            torch.cuda.synchronize()
+        while self.pending:
+            self._send(*self.pending.pop(0)[:3])
+
+    def _send(self, s: NativeStep, tensors: dict, events: list) -> None:
+        s.record(**{k: float(v.reshape(-1)[0]) for k, v in tensors.items()})
+        if events:
+            s.set_comm_ms(sum(a.elapsed_time(b) for a, b in events))
+        s.send()
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if _is_ddp(model) else model
+
+
+def _is_ddp(model: nn.Module) -> bool:
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+
+def _layers(model: nn.Module) -> List[Tuple[str, nn.Module, Optional[str]]]:
+    """Leaf modules with parameters, and attention modules, by module path."""
+    out = []
+    for name, module in model.named_modules():
+        if name.startswith(_DDP_PREFIX):
+            name = name[len(_DDP_PREFIX):]
+        if not name:
+            continue
+        if isinstance(module, nn.MultiheadAttention):
+            out.append((name, module, "attention"))
+            continue
+        leaf = next(module.children(), None) is None
+        has_params = next(module.parameters(recurse=False), None) is not None
+        if leaf and has_params:
+            out.append((name, module, None))
+    return out
+
+
+def _install(native: "_native.NativeAgent", layers: list) -> list:
+    handles = []
+    for name, module, kind in layers:
+        handles.append(module.register_forward_hook(_hook(native, name, kind)))
+    return handles
+
+
+def _remove(handles: list) -> bool:
+    for h in handles:
+        h.remove()
+    return False
+
+
+def _hook(native: "_native.NativeAgent", name: str, kind: Optional[str]) -> Callable:
+    def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+        t = output if isinstance(output, torch.Tensor) else _first_tensor(output)
+        if t is not None:
+            native.observe(name, t, kind)
+
+    return hook
+
+
+def _first_tensor(output: Any) -> Optional[torch.Tensor]:
+    if isinstance(output, (tuple, list)):
+        for item in output:
+            if isinstance(item, torch.Tensor):
+                return item
+    return None
+
+
+def _optimizer_kind(optimizer: Optional[torch.optim.Optimizer]) -> str:
+    if optimizer is None:
+        return "sgd"
+    name = type(optimizer).__name__
+    if name in ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "SparseAdam"):
+        return "adam"
+    if name == "SGD":
+        momentum = any(g.get("momentum", 0) for g in optimizer.param_groups)
+        return "sgd_momentum" if momentum else "sgd"
+    warnings.warn(
+        f"rankscope does not know the state size of optimizer {name}; the model "
+        "profile counts 0 optimizer-state bytes for it",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return "sgd"

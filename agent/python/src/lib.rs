@@ -1,0 +1,549 @@
+//! `rankscope._native`: the pyo3 bindings the `rankscope` Python package is built
+//! on. Everything that measures, batches, spills or sends is `rankscope-agent`;
+//! this crate only converts between Python and Rust values.
+//!
+//! Layout:
+//! - [`NativeAgent`]: one rank's agent (`rankscope.init()` wraps it);
+//! - [`NativeStep`] and [`NativePhase`]: the step and phase context managers;
+//! - [`Report`]: what `finish()` returns;
+//! - [`cli`]: the `rankscope` command (`python -m rankscope collector`).
+//!
+//! Tensors cross as the caller's `at::Tensor` (pyo3-tch), never through numpy.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use pyo3_tch::PyTensor;
+use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
+use rankscope_agent::profile::Optimizer;
+use rankscope_agent::step::{Phase, StepGuard};
+use rankscope_agent::{Agent, FinishReport, Mode};
+
+pyo3::create_exception!(
+    rankscope,
+    ConfigError,
+    pyo3::exceptions::PyValueError,
+    "A wrong rankscope setting: the message names the variable or keyword and the fix."
+);
+
+/// The torch whose libtorch this extension links (`build.rs`; the package checks it
+/// before loading the extension).
+const BUILT_TORCH: &str = env!("RANKSCOPE_BUILT_TORCH");
+
+/// One rank's agent. Inert (every call returns at once) where the agent is off.
+#[pyclass(module = "rankscope._native", frozen)]
+struct NativeAgent {
+    agent: Agent,
+    /// Whether a communication hook records `comm_ms` (then every step has it).
+    comm: AtomicBool,
+    /// Nanoseconds of all-reduce time recorded since the last step row took it.
+    comm_ns: AtomicU64,
+}
+
+#[pymethods]
+impl NativeAgent {
+    /// Whether this rank records anything.
+    #[getter]
+    fn active(&self) -> bool {
+        self.agent.is_active()
+    }
+
+    #[getter]
+    fn rank(&self) -> Option<u32> {
+        self.agent.config().map(|c| c.rank)
+    }
+
+    #[getter]
+    fn run_id(&self) -> Option<String> {
+        self.agent.config().map(|c| c.run_id.clone())
+    }
+
+    #[getter]
+    fn mode(&self) -> Option<&'static str> {
+        self.agent.config().map(|c| c.mode.label())
+    }
+
+    #[getter]
+    fn sample_every(&self) -> Option<u64> {
+        self.agent.config().map(|c| c.sample_every)
+    }
+
+    /// Whether activations of layer `name` are sampled at all.
+    fn wants_layer(&self, name: &str) -> bool {
+        self.agent.wants_layer(name)
+    }
+
+    /// Begins step `step`: a context manager that records the `steps` row on exit.
+    fn step(slf: &Bound<'_, Self>, step: u64) -> NativeStep {
+        let this = slf.get();
+        NativeStep {
+            guard: Some(this.agent.step(step)),
+            agent: slf.clone().unbind(),
+            on_exit: None,
+            phase_started: None,
+        }
+    }
+
+    /// Observes an activation of layer `name` (a no-op unless this step is sampled).
+    #[pyo3(signature = (name, tensor, kind = None))]
+    fn observe(&self, name: &str, tensor: PyTensor, kind: Option<&str>) {
+        let kind = match kind {
+            Some("attention") => Some("attention"),
+            _ => None,
+        };
+        self.agent.observe_kind(name, kind, &tensor);
+    }
+
+    /// Turns on `comm_ms` in every later step row.
+    fn enable_comm(&self) {
+        self.comm.store(true, Ordering::Relaxed);
+    }
+
+    /// Adds one bucket's all-reduce time (launch to completion) to the current step.
+    fn add_comm_ms(&self, ms: f64) {
+        if ms.is_finite() && ms >= 0.0 {
+            self.comm_ns
+                .fetch_add((ms * 1e6) as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Records an event row.
+    #[pyo3(signature = (kind, message, value = None))]
+    fn event(&self, kind: &str, message: &str, value: Option<i64>) {
+        self.agent.event(kind, message, value);
+    }
+
+    /// Runs `forward()` once with gradients off to see layer shapes, then records one
+    /// `model` row per layer from `parameters` (`(name, tensor)` pairs). Returns the
+    /// rows as dicts.
+    fn profile<'py>(
+        &self,
+        py: Python<'py>,
+        parameters: Vec<(String, PyTensor)>,
+        optimizer: &str,
+        forward: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let optimizer = match optimizer {
+            "adam" => Optimizer::Adam,
+            "sgd_momentum" => Optimizer::SgdMomentum,
+            "sgd" => Optimizer::Sgd,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "optimizer kind {other:?}: use adam, sgd_momentum or sgd"
+                )));
+            }
+        };
+        let mut failure = None;
+        let rows = self.agent.profile_parameters(
+            parameters.into_iter().map(|(name, t)| (name, t.0)),
+            optimizer,
+            || {
+                if let Err(error) = forward.call0() {
+                    failure = Some(error);
+                }
+            },
+        );
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        let list = PyList::empty(py);
+        for row in rows {
+            let d = PyDict::new(py);
+            d.set_item("layer", row.layer)?;
+            d.set_item("kind", row.kind)?;
+            d.set_item("params", row.params)?;
+            d.set_item("param_bytes", row.param_bytes)?;
+            d.set_item("grad_bytes", row.grad_bytes)?;
+            d.set_item("optimizer_bytes", row.optimizer_bytes)?;
+            d.set_item("forward_flops", row.forward_flops)?;
+            d.set_item("output_shape", row.output_shape)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    /// `(activations sampled, of which dropped)` so far.
+    fn samples(&self) -> (u64, u64) {
+        self.agent.samples()
+    }
+
+    /// Flushes everything and waits (at most the finish timeout) for the collector to
+    /// acknowledge it, without holding the GIL. Callable more than once.
+    fn finish(&self, py: Python<'_>) -> Report {
+        let agent = self.agent.clone();
+        Report::from(py.allow_threads(move || agent.finish()))
+    }
+}
+
+/// One training step. `with agent.step(i) as s:` records the `steps` row on exit.
+#[pyclass(module = "rankscope._native", unsendable)]
+struct NativeStep {
+    guard: Option<StepGuard>,
+    agent: Py<NativeAgent>,
+    /// Called with no arguments on exit, before the row is sent (removes the
+    /// activation hooks of a sampled step). If it returns `True`, the row is held
+    /// back until [`NativeStep::send`].
+    on_exit: Option<PyObject>,
+    /// The phase being timed, by [`NativeStep::phase`]'s context manager.
+    phase_started: Option<(Phase, Instant)>,
+}
+
+#[pymethods]
+impl NativeStep {
+    /// The step index.
+    #[getter]
+    fn index(&self) -> Option<u64> {
+        self.guard.as_ref().map(StepGuard::index)
+    }
+
+    /// Whether layer activations are sampled in this step.
+    #[getter]
+    fn sampled(&self) -> bool {
+        self.guard.as_ref().is_some_and(StepGuard::sampled)
+    }
+
+    fn set_on_exit(&mut self, callback: PyObject) {
+        self.on_exit = Some(callback);
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __exit__(
+        &mut self,
+        py: Python<'_>,
+        _exc_type: PyObject,
+        _exc: PyObject,
+        _tb: PyObject,
+    ) -> PyResult<bool> {
+        self.take_comm(py);
+        let mut hold = false;
+        if let Some(callback) = self.on_exit.take() {
+            hold = callback.call0(py)?.is_truthy(py)?;
+        }
+        if hold {
+            if let Some(guard) = &self.guard {
+                guard.stop();
+            }
+        } else {
+            self.guard.take();
+        }
+        Ok(false)
+    }
+
+    /// Ends the step's clock without sending the row (see `on_exit`).
+    fn stop(&self) {
+        if let Some(guard) = &self.guard {
+            guard.stop();
+        }
+    }
+
+    /// Sends the row now (normally done on exit). Callable more than once.
+    fn send(&mut self) {
+        self.guard.take();
+    }
+
+    /// A context manager timing one phase: `data`, `forward`, `backward` or
+    /// `optimizer`. Entering a phase twice in a step adds up.
+    fn phase(slf: PyRefMut<'_, Self>, name: &str) -> PyResult<NativePhase> {
+        let phase = Phase::parse(name).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "phase {name:?} is not a phase: use data, forward, backward or optimizer"
+            ))
+        })?;
+        Ok(NativePhase {
+            step: slf.into(),
+            phase,
+        })
+    }
+
+    /// Records the step's values: floats, ints or 0-d CPU tensors (a tensor on an
+    /// accelerator is read by the Python layer without a device sync).
+    #[pyo3(signature = (*, loss = None, lr = None, grad_norm = None, samples = None))]
+    fn record(
+        &self,
+        loss: Option<&Bound<'_, PyAny>>,
+        lr: Option<&Bound<'_, PyAny>>,
+        grad_norm: Option<&Bound<'_, PyAny>>,
+        samples: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let Some(guard) = &self.guard else {
+            return Ok(());
+        };
+        if let Some(v) = loss {
+            guard.loss(number("loss", v)?);
+        }
+        if let Some(v) = lr {
+            guard.lr(number("lr", v)?);
+        }
+        if let Some(v) = grad_norm {
+            guard.grad_norm(number("grad_norm", v)?);
+        }
+        if let Some(v) = samples {
+            let n = number("samples", v)?;
+            if !(n >= 0.0 && n.is_finite()) {
+                return Err(PyValueError::new_err(format!(
+                    "samples={n}: give the number of training examples in the step (0 or more)"
+                )));
+            }
+            guard.samples(n as u64);
+        }
+        Ok(())
+    }
+
+    /// Sets the step's `comm_ms` (the Python layer does, from CUDA events).
+    fn set_comm_ms(&self, ms: f64) {
+        if let Some(guard) = &self.guard {
+            guard.comm_ms(ms);
+        }
+    }
+}
+
+impl NativeStep {
+    /// Moves the all-reduce time recorded during this step into its row.
+    fn take_comm(&self, py: Python<'_>) {
+        let agent = self.agent.bind(py).get();
+        if !agent.comm.load(Ordering::Relaxed) {
+            return;
+        }
+        let ns = agent.comm_ns.swap(0, Ordering::Relaxed);
+        if let Some(guard) = &self.guard {
+            guard.comm_ms(ns as f64 / 1e6);
+        }
+    }
+
+    fn phase_begin(&mut self, phase: Phase) -> PyResult<()> {
+        if let Some((open, _)) = self.phase_started {
+            return Err(PyRuntimeError::new_err(format!(
+                "phase {:?} entered inside phase {:?}: phases do not nest; end one before the next",
+                phase.label(),
+                open.label()
+            )));
+        }
+        self.phase_started = Some((phase, Instant::now()));
+        Ok(())
+    }
+
+    fn phase_end(&mut self) {
+        if let Some((phase, started)) = self.phase_started.take() {
+            if let Some(guard) = &self.guard {
+                guard.add_phase_ms(phase, started.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+}
+
+/// `with s.phase("forward"):` times one phase of a step.
+#[pyclass(module = "rankscope._native", unsendable)]
+struct NativePhase {
+    step: Py<NativeStep>,
+    phase: Phase,
+}
+
+#[pymethods]
+impl NativePhase {
+    fn __enter__(slf: PyRef<'_, Self>, py: Python<'_>) -> PyResult<()> {
+        slf.step.borrow_mut(py).phase_begin(slf.phase)
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: PyObject,
+        _exc: PyObject,
+        _tb: PyObject,
+    ) -> bool {
+        self.step.borrow_mut(py).phase_end();
+        false
+    }
+}
+
+/// A float from a Python number or a 0-d CPU tensor.
+fn number(field: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    if let Ok(v) = value.extract::<f64>() {
+        return Ok(v);
+    }
+    let tensor = value.extract::<PyTensor>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{field}: expected a float, an int or a 0-d tensor, got {}",
+            value.get_type()
+        ))
+    })?;
+    if tensor.numel() != 1 {
+        return Err(PyValueError::new_err(format!(
+            "{field}: expected a 0-d tensor, got shape {:?}; pass a scalar such as loss.detach()",
+            tensor.size()
+        )));
+    }
+    tensor
+        .f_double_value(&[])
+        .or_else(|_| tensor.f_reshape([-1])?.f_double_value(&[0]))
+        .map_err(|e| PyValueError::new_err(format!("{field}: cannot read the tensor: {e}")))
+}
+
+/// What `finish()` returns: rows sent, acknowledged, dropped and left unsent.
+#[pyclass(module = "rankscope._native", frozen, get_all)]
+#[derive(Clone)]
+struct Report {
+    /// Rows handed to the transport.
+    rows_sent: u64,
+    /// Rows the collector acknowledged as durable.
+    rows_acked: u64,
+    /// Rows dropped because a queue or the outbox was full (also an `events` row).
+    rows_dropped: u64,
+    /// Rows still unacknowledged at the deadline (collector unreachable).
+    rows_unsent: u64,
+    /// Of those, rows kept on disk for a later process or `rankscope replay`.
+    rows_spilled: u64,
+    /// The spill directory that holds them.
+    spill_dir: Option<String>,
+    /// Whether the collector was ever reached.
+    connected: bool,
+    /// Whether every row reached durable storage.
+    complete: bool,
+}
+
+#[pymethods]
+impl Report {
+    fn __repr__(&self) -> String {
+        format!(
+            "Report(rows_sent={}, rows_acked={}, rows_dropped={}, rows_unsent={}, rows_spilled={}, spill_dir={:?}, connected={}, complete={})",
+            self.rows_sent,
+            self.rows_acked,
+            self.rows_dropped,
+            self.rows_unsent,
+            self.rows_spilled,
+            self.spill_dir,
+            self.connected,
+            self.complete
+        )
+    }
+}
+
+impl From<FinishReport> for Report {
+    fn from(r: FinishReport) -> Report {
+        Report {
+            complete: r.complete(),
+            rows_sent: r.rows_sent,
+            rows_acked: r.rows_acked,
+            rows_dropped: r.rows_dropped,
+            rows_unsent: r.rows_unsent,
+            rows_spilled: r.rows_spilled,
+            spill_dir: r.spill_dir.map(|d| d.display().to_string()),
+            connected: r.connected,
+        }
+    }
+}
+
+/// Starts the agent of this rank. Keywords override `RANKSCOPE_*` variables, which
+/// override defaults. A wrong setting raises `ConfigError`, or with
+/// `RANKSCOPE_ON_CONFIG_ERROR=disable` warns once and returns an inert agent.
+#[pyfunction]
+#[pyo3(signature = (*, collector = None, run_id = None, mode = None, sample_every = None, layers = None, max_rows = None, workload = None))]
+#[allow(clippy::too_many_arguments)]
+fn init(
+    py: Python<'_>,
+    collector: Option<String>,
+    run_id: Option<String>,
+    mode: Option<String>,
+    sample_every: Option<u64>,
+    layers: Option<String>,
+    max_rows: Option<usize>,
+    workload: Option<String>,
+) -> PyResult<NativeAgent> {
+    init_logging();
+    let mut builder = AgentConfigBuilder::default();
+    builder.collector = collector;
+    builder.run_id = run_id;
+    builder.sample_every = sample_every;
+    builder.layers = layers;
+    builder.max_rows = max_rows;
+    builder.workload = Some(workload.unwrap_or_else(|| "python".into()));
+    let config = match mode.as_deref().map(|m| (m, Mode::parse(m))) {
+        Some((text, None)) => {
+            return Err(ConfigError::new_err(format!(
+                "mode={text:?} is not a mode: use full, rank0, steps or off"
+            )));
+        }
+        Some((_, Some(m))) => {
+            builder.mode = Some(m);
+            builder.build()
+        }
+        None => builder.build(),
+    };
+    let agent = match config {
+        Ok(config) => py.allow_threads(|| Agent::new(config)),
+        Err(error) => match builder.on_error() {
+            Ok(OnConfigError::Disable) => {
+                let warning = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+                PyErr::warn(
+                    py,
+                    &warning,
+                    &std::ffi::CString::new(format!(
+                        "rankscope disabled by RANKSCOPE_ON_CONFIG_ERROR=disable: {error}"
+                    ))
+                    .unwrap_or_default(),
+                    1,
+                )?;
+                Agent::disabled()
+            }
+            Ok(OnConfigError::Fail) => return Err(ConfigError::new_err(error.to_string())),
+            Err(on_error) => return Err(ConfigError::new_err(on_error.to_string())),
+        },
+    };
+    Ok(NativeAgent {
+        agent,
+        comm: AtomicBool::new(false),
+        comm_ns: AtomicU64::new(0),
+    })
+}
+
+/// The report of an agent that recorded nothing.
+#[pyfunction]
+fn empty_report() -> Report {
+    Report::from(FinishReport::default())
+}
+
+/// Runs the `rankscope` command with `argv` (program name first), without the GIL.
+#[pyfunction]
+fn cli(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
+    py.allow_threads(|| rankscope::run_from(argv))
+        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
+}
+
+/// Logs go to stderr, filtered by `RANKSCOPE_LOG` (default: warnings and errors).
+fn init_logging() {
+    static ONCE: Mutex<bool> = Mutex::new(false);
+    let mut done = ONCE.lock().unwrap_or_else(|e| e.into_inner());
+    if !*done {
+        *done = true;
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("RANKSCOPE_LOG")
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init();
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("BUILT_TORCH", BUILT_TORCH)?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add_class::<NativeAgent>()?;
+    m.add_class::<NativeStep>()?;
+    m.add_class::<NativePhase>()?;
+    m.add_class::<Report>()?;
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(empty_report, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,233 @@
+"""The Python API in one process, against the real collector started from the
+package (``python -m rankscope collector``) and read with the real DuckDB CLI.
+DDP under torchrun is tested in tests/tests/ddp.rs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import rankscope
+
+DUCKDB = shutil.which("duckdb") or str(Path(sys.executable).parent / "duckdb")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    for var in list(os.environ):
+        if var.startswith("RANKSCOPE_") or var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("RANKSCOPE_SPILL_DIR", str(tmp_path / "spill"))
+    monkeypatch.setenv("RANKSCOPE_WORKER_PRIORITY", "normal")
+
+
+class Collector:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rankscope", "collector", "--listen", "127.0.0.1:0", "--out", str(out)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "RANKSCOPE_LOG": "warn"},
+        )
+        line = self.proc.stdout.readline()
+        self.addr = next(w for w in line.split() if w.startswith("127.0.0.1:")).rstrip(",")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+@pytest.fixture
+def collector(tmp_path):
+    c = Collector(tmp_path / "out")
+    yield c
+    if c.proc.poll() is None:
+        c.proc.kill()
+
+
+def duckdb(sql: str) -> str:
+    return subprocess.run(
+        [DUCKDB, "-csv", "-noheader", "-c", sql], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def table(out: Path, name: str) -> str:
+    return f"read_parquet('{out}/{name}/*/*.parquet', hive_partitioning=true, union_by_name=true)"
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 32)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def train(agent, steps: int, model: nn.Module | None = None) -> nn.Module:
+    model = model or Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    agent.watch(model)
+    agent.profile(model, torch.randn(16, 8), opt)
+    for step in range(steps):
+        with agent.step(step) as s:
+            with s.phase("data"):
+                x, y = torch.randn(16, 8), torch.randn(16, 4)
+            with s.phase("forward"):
+                loss = ((model(x) - y) ** 2).mean()
+            with s.phase("backward"):
+                loss.backward()
+            with s.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
+            s.record(loss=loss, lr=0.1, grad_norm=torch.tensor(1.5), samples=len(x))
+    return model
+
+
+def test_a_run_lands_steps_layers_model_and_runs(collector):
+    with rankscope.init(collector=collector.addr, run_id="py-api", sample_every=5) as agent:
+        assert agent.active and agent.rank == 0 and agent.run_id == "py-api"
+        assert agent.watch(Net()) == ["fc1", "fc2"]
+        train(agent, 12)
+    report = agent.finish()
+    assert report.complete and report.rows_unsent == 0 and report.connected
+    assert collector.stop() == 0
+    out = collector.out
+    assert duckdb(f"select count(*), count(loss), sum(samples), min(grad_norm) from {table(out, 'steps')}") == "12,12,192,1.5"
+    # Sampled steps 0, 5, 10; the watch() of a second Net adds nothing new by name.
+    assert duckdb(f"select count(*) from {table(out, 'layers')} where layer in ('fc1', 'fc2')") == "6"
+    assert duckdb(
+        f"select layer, kind, params, forward_flops, optimizer_bytes from {table(out, 'model')} order by layer"
+    ) == f"fc1,linear,{8 * 32 + 32},{2 * 16 * 8 * 32},{4 * (8 * 32 + 32)}\nfc2,linear,{32 * 4 + 4},{2 * 16 * 32 * 4},{4 * (32 * 4 + 4)}"
+    assert duckdb(f"select workload, sample_every from {table(out, 'runs')}") == "python,5"
+
+
+def test_observe_records_hand_written_activations(collector):
+    agent = rankscope.init(collector=collector.addr, run_id="py-observe", sample_every=2)
+    for step in range(4):
+        with agent.step(step):
+            agent.observe("custom.features", torch.randn(64, 16))
+    agent.finish()
+    assert collector.stop() == 0
+    assert duckdb(
+        f"select string_agg(step::varchar, ' ' order by step), max(cols) from {table(collector.out, 'layers')}"
+    ) == "0 2,16"
+
+
+def test_layers_filter_keeps_matching_modules_only(collector):
+    agent = rankscope.init(collector=collector.addr, run_id="py-filter", layers=["fc2"])
+    assert agent.watch(Net()) == ["fc2"]
+    agent.finish()
+    collector.stop()
+
+
+def test_a_wrong_setting_raises_config_error_naming_it():
+    with pytest.raises(rankscope.ConfigError, match="RANKSCOPE_SAMPLE_EVERY"):
+        rankscope.init(sample_every=0)
+    with pytest.raises(rankscope.ConfigError, match="mode='sometimes'"):
+        rankscope.init(mode="sometimes")
+    assert issubclass(rankscope.ConfigError, ValueError)
+
+
+def test_disable_turns_a_config_error_into_one_warning(monkeypatch):
+    monkeypatch.setenv("RANKSCOPE_ON_CONFIG_ERROR", "disable")
+    monkeypatch.setenv("RANKSCOPE_MAX_ROWS", "lots")
+    with pytest.warns(RuntimeWarning, match="RANKSCOPE_MAX_ROWS"):
+        agent = rankscope.init()
+    assert isinstance(agent, rankscope.InertAgent)
+    train(agent, 3)
+    assert agent.finish().rows_sent == 0
+
+
+def test_off_and_rank0_on_other_ranks_are_inert(monkeypatch):
+    assert isinstance(rankscope.init(mode="off"), rankscope.InertAgent)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    agent = rankscope.init(mode="rank0", run_id="py-rank0")
+    assert isinstance(agent, rankscope.InertAgent) and not agent.active
+    with agent.step(0) as s:
+        with s.phase("forward"):
+            pass
+        s.record(loss=1.0)
+
+
+def test_unknown_phase_is_a_value_error(collector):
+    agent = rankscope.init(collector=collector.addr, run_id="py-phase")
+    with agent.step(0) as s:
+        with pytest.raises(ValueError, match="'fwd' is not a phase"):
+            s.phase("fwd")
+        with pytest.raises(TypeError, match="loss"):
+            s.record(loss="low")
+        with pytest.raises(ValueError, match="0-d tensor"):
+            s.record(loss=torch.ones(3))
+    with pytest.raises(ValueError, match="is not a phase"):
+        rankscope.InertAgent().step(0).phase("fwd")
+    agent.finish()
+    collector.stop()
+
+
+def test_a_dead_collector_neither_raises_nor_stalls_and_keeps_the_rows(tmp_path):
+    # Nothing listens on this port: rows wait in the spill, finish reports them.
+    agent = rankscope.init(collector="127.0.0.1:9", run_id="py-dead")
+    started = time.monotonic()
+    train(agent, 20)
+    training_s = time.monotonic() - started
+    report = agent.finish()
+    print(f"20 steps with no collector: {training_s:.2f} s; {report}")
+    assert not report.connected
+    assert report.rows_unsent > 0 and report.rows_unsent == report.rows_spilled
+    assert report.rows_dropped == 0
+    assert Path(report.spill_dir).is_dir()
+
+
+def test_import_refuses_a_different_torch(tmp_path):
+    code = textwrap.dedent(
+        """
+        import torch
+        torch.__version__ = "2.0.0"
+        try:
+            import rankscope
+        except ImportError as e:
+            print(e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert "built against torch 2.13.0" in out and "torch 2.0.0 is installed" in out, out
+
+
+def test_python_m_rankscope_runs_the_summary(collector):
+    agent = rankscope.init(collector=collector.addr, run_id="py-summary", sample_every=2)
+    train(agent, 4)
+    agent.finish()
+    assert collector.stop() == 0
+    text = subprocess.run(
+        [sys.executable, "-m", "rankscope", "summary", "--out", str(collector.out), "--run-id", "py-summary"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "py-summary" in text, text
+    bad = subprocess.run(
+        [sys.executable, "-m", "rankscope", "collector", "--max-file-age", "soon"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "soon" in bad.stderr
+
+
+def test_help_is_useful():
+    assert "RANKSCOPE_ON_CONFIG_ERROR" in rankscope.init.__doc__
+    assert "comm_ms" in rankscope.Agent.watch.__doc__

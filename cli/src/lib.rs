@@ -1,0 +1,107 @@
+//! The `rankscope` command, as a library so the Python package runs the same code
+//! (`python -m rankscope collector`): the collector, the load generator, the launcher, and
+//! (with the `torch` feature) the example training workloads, the demo and the
+//! offline spectrum tool.
+//!
+//! Layout:
+//! - `collector_cmd`: `rankscope collector`;
+//! - `loadgen`: `rankscope loadgen`, simulated ranks on the real protocol;
+//! - `launch`: `rankscope launch`, local ranks with torchrun's variables;
+//! - `replay`: `rankscope replay`, sends what ranks left in their spill directories;
+//! - `summary`: `rankscope summary`, a run's summary from its Parquet files;
+//! - `train` and `workloads`: `rankscope train` and its example models;
+//! - `demo`: `rankscope demo`, the README's `make demo`;
+//! - `spectrum`: `rankscope spectrum`, metrics of a saved matrix;
+//! - `bench`: `rankscope bench`, the agent's overhead for BENCHMARKS.md;
+//! - `duration`: the `10s` / `500ms` argument parser.
+
+#[cfg(feature = "torch")]
+mod bench;
+mod collector_cmd;
+#[cfg(feature = "torch")]
+mod demo;
+mod duration;
+mod launch;
+mod loadgen;
+mod replay;
+#[cfg(feature = "torch")]
+mod spectrum;
+mod summary;
+#[cfg(feature = "torch")]
+mod train;
+#[cfg(feature = "torch")]
+mod workloads;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "rankscope",
+    version,
+    about = "Dimensionality, timing and memory telemetry for distributed training",
+    after_help = "Examples:
+  rankscope demo                                  # 4 ranks, embedded collector, summary
+  rankscope collector --out ./rankscope-out       # the central collector
+  rankscope launch --nproc-per-node 4 -- rankscope train --model cnn
+  rankscope loadgen --ranks 8 --steps 100 --layers 12 --collector 127.0.0.1:50051
+  duckdb -c \"select rank, count(*) from read_parquet('rankscope-out/steps/*/*.parquet', hive_partitioning=true) group by rank\"
+
+Logs: RANKSCOPE_LOG=debug (tracing's env-filter syntax)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Collector(collector_cmd::Args),
+    Loadgen(loadgen::Args),
+    Launch(launch::Args),
+    Replay(replay::Args),
+    Summary(summary::Args),
+    #[cfg(feature = "torch")]
+    Train(train::Args),
+    #[cfg(feature = "torch")]
+    Demo(demo::Args),
+    #[cfg(feature = "torch")]
+    Spectrum(spectrum::Args),
+    #[cfg(feature = "torch")]
+    Bench(bench::Args),
+}
+
+/// Parses `args` (the program name first) and runs the command. Help, version and
+/// usage errors print and exit the process, as clap does.
+pub fn run_from<I, T>(args: I) -> anyhow::Result<()>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RANKSCOPE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        // Colour codes only on a terminal, never in a log file or a journal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A host process (Python) may have installed a subscriber already.
+        .try_init()
+        .ok();
+    match cli.command {
+        Command::Collector(args) => collector_cmd::run(args),
+        Command::Loadgen(args) => loadgen::run(args),
+        Command::Launch(args) => launch::run(args),
+        Command::Replay(args) => replay::run(args),
+        Command::Summary(args) => summary::run(args),
+        #[cfg(feature = "torch")]
+        Command::Train(args) => train::run(args),
+        #[cfg(feature = "torch")]
+        Command::Demo(args) => demo::run(args),
+        #[cfg(feature = "torch")]
+        Command::Spectrum(args) => spectrum::run(args),
+        #[cfg(feature = "torch")]
+        Command::Bench(args) => bench::run(args),
+    }
+}
