@@ -174,19 +174,19 @@ def main() -> int:
     in_sync = bool(agreed.item() == 1.0)
 
     report = agent.finish() if agent is not None else None
-    reports = [None] * world
-    dist.all_gather_object(
-        reports,
-        None
-        if report is None
-        else {
-            "rank": rank,
-            "rows_sent": report.rows_sent,
-            "rows_unsent": report.rows_unsent,
-            "rows_dropped": report.rows_dropped,
-            "connected": report.connected,
-        },
+    # Every rank's finish report, gathered as numbers (no pickling).
+    fields = ("rows_sent", "rows_unsent", "rows_dropped", "connected")
+    mine = torch.tensor(
+        [float(getattr(report, f)) if report is not None else -1.0 for f in fields],
+        dtype=torch.float64,
+        device=device,
     )
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    reports = [
+        None if t[0] < 0 else {"rank": r, **{f: int(v) for f, v in zip(fields, t.tolist())}}
+        for r, t in enumerate(gathered)
+    ]
     if rank == 0:
         result = {
             "world_size": world,

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyFloat, PyInt, PyList};
 use pyo3_tch::PyTensor;
 use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
 use rankscope_agent::profile::Optimizer;
@@ -106,8 +106,7 @@ impl NativeAgent {
     /// Adds one bucket's all-reduce time (launch to completion) to the current step.
     fn add_comm_ms(&self, ms: f64) {
         if ms.is_finite() && ms >= 0.0 {
-            self.comm_ns
-                .fetch_add((ms * 1e6) as u64, Ordering::Relaxed);
+            self.comm_ns.fetch_add((ms * 1e6) as u64, Ordering::Relaxed);
         }
     }
 
@@ -351,13 +350,7 @@ impl NativePhase {
         slf.step.borrow_mut(py).phase_begin(slf.phase)
     }
 
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: PyObject,
-        _exc: PyObject,
-        _tb: PyObject,
-    ) -> bool {
+    fn __exit__(&self, py: Python<'_>, _exc_type: PyObject, _exc: PyObject, _tb: PyObject) -> bool {
         self.step.borrow_mut(py).phase_end();
         false
     }
@@ -365,8 +358,10 @@ impl NativePhase {
 
 /// A float from a Python number or a 0-d CPU tensor.
 fn number(field: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
-    if let Ok(v) = value.extract::<f64>() {
-        return Ok(v);
+    // Plain numbers first; a tensor goes through libtorch, never `__float__` (which
+    // warns on tensors that require grad).
+    if value.is_instance_of::<PyFloat>() || value.is_instance_of::<PyInt>() {
+        return value.extract::<f64>();
     }
     let tensor = value.extract::<PyTensor>().map_err(|_| {
         PyTypeError::new_err(format!(

@@ -137,7 +137,7 @@ def test_layers_filter_keeps_matching_modules_only(collector):
 def test_a_wrong_setting_raises_config_error_naming_it():
     with pytest.raises(rankscope.ConfigError, match="RANKSCOPE_SAMPLE_EVERY"):
         rankscope.init(sample_every=0)
-    with pytest.raises(rankscope.ConfigError, match="mode='sometimes'"):
+    with pytest.raises(rankscope.ConfigError, match='mode="sometimes"' ):
         rankscope.init(mode="sometimes")
     assert issubclass(rankscope.ConfigError, ValueError)
 
@@ -167,7 +167,7 @@ def test_off_and_rank0_on_other_ranks_are_inert(monkeypatch):
 def test_unknown_phase_is_a_value_error(collector):
     agent = rankscope.init(collector=collector.addr, run_id="py-phase")
     with agent.step(0) as s:
-        with pytest.raises(ValueError, match="'fwd' is not a phase"):
+        with pytest.raises(ValueError, match='"fwd" is not a phase'):
             s.phase("fwd")
         with pytest.raises(TypeError, match="loss"):
             s.record(loss="low")

@@ -225,7 +225,8 @@ class Agent:
         native.enable_comm()
         deferred = self._deferred
 
-        def timed(state: Any, bucket: Any) -> torch.futures.Future:
+        # No annotations: DDP checks them against dist.GradBucket and Future[Tensor].
+        def timed(state, bucket):  # type: ignore[no-untyped-def]
             if deferred is not None and bucket.buffer().is_cuda:
                 start = torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -321,7 +322,7 @@ class _InertStep:
     def phase(self, name: str) -> "_InertStep":
         if name not in PHASES:
             raise ValueError(
-                f"phase {name!r} is not a phase: use data, forward, backward or optimizer"
+                f'phase "{name}" is not a phase: use data, forward, backward or optimizer'
             )
         return self
 
