@@ -1,6 +1,6 @@
 //! The static model profile, recorded once per rank as `model` rows: per layer its
 //! kind, parameters, parameter / gradient / optimizer-state bytes, and forward
-//! FLOPs for one batch as METRICS.md counts them (a multiply-add is 2 FLOPs):
+//! FLOPs for one batch as docs/metrics.md counts them (a multiply-add is 2 FLOPs):
 //!
 //! - Linear: 2 · rows · in · out
 //! - Conv2d: 2 · B · H_out · W_out · k_h · k_w · (C_in / groups) · C_out
@@ -183,7 +183,6 @@ fn classify(shape: Option<&ObservedShape>, weights: &[Vec<i64>]) -> (&'static st
             let flops = ws.iter().map(|w| 2 * rows * (w[0] * w[1]) as u64).sum();
             (if ws.len() == 1 { "linear" } else { "mlp" }, flops)
         }
-        [] => ("other", 0),
         _ => ("other", 0),
     }
 }

@@ -20,7 +20,7 @@ pub struct Tap<M> {
 
 impl<M: Module> Tap<M> {
     pub(crate) fn new(agent: Agent, name: &str, inner: M, kind: Option<&'static str>) -> Tap<M> {
-        if agent.is_active() && !crate::agent::valid_label(name) {
+        if agent.is_active() && !rankscope_proto::is_valid_label(name) {
             tracing::warn!(
                 name = %name.escape_debug(),
                 "layer name has control characters or is over 256 bytes: this tap records nothing"

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::bail;
 use rand::{Rng, SeedableRng};
 use rankscope_agent::{FinishReport, Row, Transport, TransportConfig, now_us};
-use rankscope_proto::v1::{Hello, LayerRow, Mode, ModelRow, RankRow, RunRow, StepRow};
+use rankscope_proto::v1::{Hello, LayerRow, ModelRow, RankRow, RecordingMode, RunRow, StepRow};
 
 /// Simulate training ranks streaming to a collector.
 #[derive(clap::Args, Clone)]
@@ -75,14 +75,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             incomplete += 1;
             eprintln!("rank {rank}: {report:?}");
         }
-        total.rows_sent += report.rows_sent;
+        total.rows_queued += report.rows_queued;
         total.rows_acked += report.rows_acked;
         total.rows_dropped += report.rows_dropped;
-        total.rows_unsent += report.rows_unsent;
+        total.rows_unacked += report.rows_unacked;
     }
     println!(
-        "loadgen: {} ranks, {} rows sent, {} acknowledged, {} dropped, {} unsent",
-        args.ranks, total.rows_sent, total.rows_acked, total.rows_dropped, total.rows_unsent
+        "loadgen: {} ranks, {} rows queued, {} acknowledged, {} dropped, {} unacknowledged",
+        args.ranks, total.rows_queued, total.rows_acked, total.rows_dropped, total.rows_unacked
     );
     if incomplete > 0 {
         bail!(
@@ -108,7 +108,7 @@ fn simulate_rank(
         world_size: args.ranks,
         hostname: format!("loadgen-node{}", rank / 8),
         pid: std::process::id(),
-        mode: Mode::Full as i32,
+        mode: RecordingMode::Full as i32,
         agent_version: env!("CARGO_PKG_VERSION").into(),
         schema_major: rankscope_proto::SCHEMA_MAJOR,
         schema_minor: rankscope_proto::SCHEMA_MINOR,
@@ -132,7 +132,7 @@ fn simulate_rank(
         send(Row::Run(RunRow {
             started_at,
             world_size: args.ranks,
-            mode: Mode::Full as i32,
+            mode: RecordingMode::Full as i32,
             sample_every: 1,
             max_rows: 4096,
             centered: false,
@@ -206,16 +206,7 @@ fn simulate_rank(
             std::thread::sleep(args.step_interval);
         }
     }
-    let rank_row = Row::Rank(RankRow {
-        local_rank: hello.local_rank,
-        node_rank: hello.node_rank,
-        world_size: hello.world_size,
-        hostname: hello.hostname.clone(),
-        pid: hello.pid,
-        mode: hello.mode,
-        started_at,
-        finished_at: Some(now_us()),
-    });
+    let rank_row = Row::Rank(RankRow::from_hello(&hello, Some(now_us())));
     Ok(transport.finish(vec![rank_row], args.finish_timeout))
 }
 
