@@ -378,7 +378,7 @@ impl Inner {
         if dropped_samples > 0 {
             final_rows.push(Row::Event(EventRow {
                 time: now_us(),
-                kind: "samples_dropped".into(),
+                kind: crate::event_kind::SAMPLES_DROPPED.into(),
                 message: "activation samples dropped: the metrics worker fell behind".into(),
                 value: Some(dropped_samples as i64),
                 step: None,
@@ -419,4 +419,61 @@ fn hostname() -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    //! docs/columns.md against the code: the numbers and names it quotes.
+
+    use super::*;
+
+    const COLUMNS_MD: &str = include_str!("../../docs/columns.md");
+
+    #[test]
+    fn columns_doc_quotes_the_bounds_and_kinds_of_the_code() {
+        let transport = TransportConfig::new("unused");
+        for quoted in [
+            format!("metrics queue ({WORKER_QUEUE} samples)"),
+            format!(
+                "row queue ({} rows)",
+                group_digits(transport.queue_rows as u64)
+            ),
+            format!("memory ({} MiB", transport.outbox_bytes >> 20),
+            format!(
+                "({} GiB, `RANKSCOPE_SPILL_MAX_BYTES`",
+                transport.spill_max_bytes >> 30
+            ),
+            "`VmRSS` of `/proc/self/status`".to_string(),
+        ] {
+            assert!(
+                COLUMNS_MD.contains(&quoted),
+                "docs/columns.md does not say {quoted:?}"
+            );
+        }
+        for kind in crate::event_kind::ALL {
+            assert!(
+                COLUMNS_MD.contains(&format!("| `{kind}` |")),
+                "docs/columns.md lists no event kind {kind}"
+            );
+        }
+        for kind in crate::profile::MODEL_KINDS {
+            assert!(
+                COLUMNS_MD.contains(&format!("`{kind}`")),
+                "docs/columns.md lists no model kind {kind}"
+            );
+        }
+    }
+
+    /// 65536 as the docs write it: 65,536.
+    fn group_digits(n: u64) -> String {
+        let digits = n.to_string();
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    }
 }

@@ -68,6 +68,8 @@ pub const DEFAULT_COLLECTOR: &str = "127.0.0.1:50051";
 pub const DEFAULT_SAMPLE_EVERY: u64 = 10;
 pub const DEFAULT_MAX_ROWS: usize = 4096;
 pub const DEFAULT_SPILL_MAX_BYTES: u64 = 1 << 30;
+pub const DEFAULT_QUEUE_ROWS: usize = 65_536;
+pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default spill root: `rankscope-spill-$USER` in the temporary directory (one
 /// per user, so users of a shared node never collide).
@@ -582,8 +584,8 @@ impl AgentConfigBuilder {
             max_rows,
             centered,
             conv_layout,
-            finish_timeout: self.finish_timeout.unwrap_or(Duration::from_secs(10)),
-            queue_rows: self.queue_rows.unwrap_or(65_536),
+            finish_timeout: self.finish_timeout.unwrap_or(DEFAULT_FINISH_TIMEOUT),
+            queue_rows: self.queue_rows.unwrap_or(DEFAULT_QUEUE_ROWS),
             workload: self.workload.clone().unwrap_or_default(),
             token: self.token.clone().or_else(|| env(RANKSCOPE_TOKEN)),
             spill_dir,

@@ -5,9 +5,15 @@
 //! reconnects with exponential backoff and jitter and resends what is
 //! unacknowledged; the collector drops what it already holds. Drops are reported
 //! as `events` rows (`kind = "rows_dropped"`).
+//!
+//! The handle ([`crate::transport::Transport`]) starts it and talks to it through
+//! [`Control`] and [`Counters`]; this module depends on no other part of the
+//! transport but the queue, the outbox and the report.
 
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -19,12 +25,81 @@ use tokio::sync::mpsc;
 use tonic::Streaming;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::client_tls::ClientTls;
 use crate::outbox::{Outbox, OutboxConfig};
 use crate::queue::RowQueue;
 use crate::report::FinishReport;
 use crate::spill::SpillLog;
-use crate::transport::{Control, Counters, DRAIN_EVERY, TransportConfig};
 use crate::{Row, now_us};
+
+/// How often the transport thread takes the rows queued by the training side.
+pub const DRAIN_EVERY: Duration = Duration::from_millis(20);
+
+/// Transport settings.
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
+    /// `host:port` or `http://host:port` of the collector.
+    pub collector: String,
+    /// Rows the training thread may queue before rows are dropped.
+    pub queue_rows: usize,
+    /// Rows per batch at most.
+    pub batch_rows: usize,
+    /// A batch is cut at least this often while rows arrive.
+    pub batch_interval: Duration,
+    /// Bound on unacknowledged batches held in memory, in encoded bytes.
+    pub outbox_bytes: usize,
+    /// Root of the spill directories (`<spill_dir>/<run id>/rank-<rank>`);
+    /// `None` keeps unacknowledged batches in memory only.
+    pub spill_dir: Option<PathBuf>,
+    /// Bound on one rank's spill, in bytes.
+    pub spill_max_bytes: u64,
+    /// Largest message sent, in bytes.
+    pub max_message_bytes: usize,
+    /// Longest wait between reconnection attempts.
+    pub max_backoff: Duration,
+    /// Bearer token sent with every stream (`RANKSCOPE_TOKEN`).
+    pub token: Option<String>,
+    /// TLS to the collector; `None` is plaintext.
+    pub tls: Option<ClientTls>,
+}
+
+impl TransportConfig {
+    /// The defaults, sending to `collector`.
+    pub fn new(collector: impl Into<String>) -> TransportConfig {
+        TransportConfig {
+            collector: collector.into(),
+            queue_rows: crate::config::DEFAULT_QUEUE_ROWS,
+            batch_rows: 4096,
+            batch_interval: Duration::from_millis(500),
+            outbox_bytes: 64 * 1024 * 1024,
+            spill_dir: None,
+            spill_max_bytes: crate::config::DEFAULT_SPILL_MAX_BYTES,
+            max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
+            max_backoff: Duration::from_secs(5),
+            token: None,
+            tls: None,
+        }
+    }
+}
+
+/// Counted by the handle, read by the transport thread.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    /// Rows queued (handed to the transport).
+    pub(crate) queued: AtomicU64,
+    /// Rows the full queue refused.
+    pub(crate) dropped_queue: AtomicU64,
+}
+
+/// Requests from the handle to the transport thread.
+pub(crate) enum Control {
+    /// Send `final_rows` in a final batch and drain until `deadline`.
+    Finish {
+        final_rows: Vec<Row>,
+        deadline: Instant,
+        reply: std_mpsc::Sender<FinishReport>,
+    },
+}
 
 /// Why a stream could not be opened or went away.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,7 +210,7 @@ impl Streamer {
         if outbox.damaged_bytes() > 0 {
             current.events.push(EventRow {
                 time: now_us(),
-                kind: "spill_damaged".into(),
+                kind: crate::event_kind::SPILL_DAMAGED.into(),
                 message: "damaged spill records skipped (bytes): the machine crashed while they were written".into(),
                 value: Some(outbox.damaged_bytes() as i64),
                 step: None,
@@ -228,7 +303,7 @@ impl Streamer {
         if dropped > self.dropped_reported {
             self.current.events.push(EventRow {
                 time: now_us(),
-                kind: "rows_dropped".into(),
+                kind: crate::event_kind::ROWS_DROPPED.into(),
                 message: "telemetry rows dropped: the agent's queue or outbox was full".into(),
                 value: Some((dropped - self.dropped_reported) as i64),
                 step: None,

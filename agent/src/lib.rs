@@ -53,6 +53,24 @@ pub use rankscope_proto::Row;
 pub use report::FinishReport;
 pub use transport::{Transport, TransportConfig};
 
+/// The `events.kind` values the agent writes itself (docs/columns.md explains each).
+pub mod event_kind {
+    /// Rows dropped because the row queue or the outbox was full.
+    pub const ROWS_DROPPED: &str = "rows_dropped";
+    /// Activation samples not measured.
+    pub const SAMPLES_DROPPED: &str = "samples_dropped";
+    /// Damaged records skipped in a rank's spill directory.
+    pub const SPILL_DAMAGED: &str = "spill_damaged";
+    /// NaN or ±Inf in a sampled activation.
+    pub const NONFINITE_ACTIVATION: &str = "nonfinite_activation";
+    pub const ALL: [&str; 4] = [
+        ROWS_DROPPED,
+        SAMPLES_DROPPED,
+        SPILL_DAMAGED,
+        NONFINITE_ACTIVATION,
+    ];
+}
+
 /// Microseconds since the Unix epoch: the unit of every time column.
 pub fn now_us() -> i64 {
     std::time::SystemTime::now()

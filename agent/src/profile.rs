@@ -153,6 +153,9 @@ fn bytes(t: &tch::Tensor) -> u64 {
     t.numel() as u64 * t.kind().elt_size_in_bytes() as u64
 }
 
+/// Every `model.kind` value (docs/columns.md explains each).
+pub const MODEL_KINDS: [&str; 6] = ["linear", "mlp", "conv2d", "embedding", "attention", "other"];
+
 /// The layer kind and its forward FLOPs for the observed batch (0 when unknown).
 /// A tap around several linear layers (an MLP block) sums them, all applied to
 /// the same rows; an embedding (weight `(vocab, d)`, output last dim `d`) is a
@@ -241,5 +244,7 @@ mod tests {
             output: vec![2, 16, 32],
         };
         assert_eq!(classify(Some(&embed), &[vec![1000, 32]]), ("embedding", 0));
+        assert_eq!(classify(None, &[]), ("other", 0));
+        assert_eq!(classify(None, &[vec![3]]), ("other", 0));
     }
 }

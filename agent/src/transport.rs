@@ -8,9 +8,8 @@
 //! waited for. [`Transport::finish`] sends a final batch, waits a bounded time for
 //! the acknowledgements and returns a [`FinishReport`].
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -20,78 +19,11 @@ use rankscope_proto::v1::Hello;
 use tokio::sync::mpsc;
 
 use crate::Row;
-use crate::client_tls::ClientTls;
-use crate::connection::Streamer;
+use crate::connection::{Control, Counters, Streamer};
 use crate::queue::RowQueue;
 use crate::report::FinishReport;
 
-/// How often the transport thread takes the rows queued by the training side.
-pub const DRAIN_EVERY: Duration = Duration::from_millis(20);
-
-/// Transport settings.
-#[derive(Debug, Clone)]
-pub struct TransportConfig {
-    /// `host:port` or `http://host:port` of the collector.
-    pub collector: String,
-    /// Rows the training thread may queue before rows are dropped.
-    pub queue_rows: usize,
-    /// Rows per batch at most.
-    pub batch_rows: usize,
-    /// A batch is cut at least this often while rows arrive.
-    pub batch_interval: Duration,
-    /// Bound on unacknowledged batches held in memory, in encoded bytes.
-    pub outbox_bytes: usize,
-    /// Root of the spill directories (`<spill_dir>/<run id>/rank-<rank>`);
-    /// `None` keeps unacknowledged batches in memory only.
-    pub spill_dir: Option<PathBuf>,
-    /// Bound on one rank's spill, in bytes.
-    pub spill_max_bytes: u64,
-    /// Largest message sent, in bytes.
-    pub max_message_bytes: usize,
-    /// Longest wait between reconnection attempts.
-    pub max_backoff: Duration,
-    /// Bearer token sent with every stream (`RANKSCOPE_TOKEN`).
-    pub token: Option<String>,
-    /// TLS to the collector; `None` is plaintext.
-    pub tls: Option<ClientTls>,
-}
-
-impl TransportConfig {
-    pub fn new(collector: impl Into<String>) -> TransportConfig {
-        TransportConfig {
-            collector: collector.into(),
-            queue_rows: 65_536,
-            batch_rows: 4096,
-            batch_interval: Duration::from_millis(500),
-            outbox_bytes: 64 * 1024 * 1024,
-            spill_dir: None,
-            spill_max_bytes: crate::config::DEFAULT_SPILL_MAX_BYTES,
-            max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
-            max_backoff: Duration::from_secs(5),
-            token: None,
-            tls: None,
-        }
-    }
-}
-
-/// Counted by the handle, read by the transport thread.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    /// Rows queued (handed to the transport).
-    pub(crate) queued: AtomicU64,
-    /// Rows the full queue refused.
-    pub(crate) dropped_queue: AtomicU64,
-}
-
-/// Requests from the handle to the transport thread.
-pub(crate) enum Control {
-    /// Send `final_rows` in a final batch and drain until `deadline`.
-    Finish {
-        final_rows: Vec<Row>,
-        deadline: Instant,
-        reply: std_mpsc::Sender<FinishReport>,
-    },
-}
+pub use crate::connection::{DRAIN_EVERY, TransportConfig};
 
 /// The handle the training side holds. Cheap to call from the hot path.
 #[derive(Debug)]

@@ -88,7 +88,7 @@ impl Worker {
                     if m.nonfinite > 0 {
                         transport.send(Row::Event(EventRow {
                             time: job.time,
-                            kind: "nonfinite_activation".into(),
+                            kind: crate::event_kind::NONFINITE_ACTIVATION.into(),
                             message: format!("layer {} has NaN or Inf values", job.layer),
                             value: Some(m.nonfinite as i64),
                             step: Some(job.step),

@@ -49,6 +49,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.ranks == 0 {
         bail!("--ranks 0: simulate at least one rank");
     }
+    // Read once for every simulated rank.
+    let tls = rankscope_agent::config::client_tls_from_env()?;
     let bar = indicatif::ProgressBar::new(args.ranks as u64 * args.steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps {per_sec} {eta}")
@@ -57,8 +59,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let reports: Vec<anyhow::Result<FinishReport>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..args.ranks)
             .map(|rank| {
-                let (args, bar) = (&args, &bar);
-                scope.spawn(move || simulate_rank(args, rank, bar))
+                let (args, bar, tls) = (&args, &bar, &tls);
+                scope.spawn(move || simulate_rank(args, rank, tls.clone(), bar))
             })
             .collect();
         handles
@@ -97,6 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn simulate_rank(
     args: &Args,
     rank: u32,
+    tls: Option<rankscope_agent::ClientTls>,
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<FinishReport> {
     let started_at = now_us();
@@ -116,7 +119,7 @@ fn simulate_rank(
     };
     let mut config = TransportConfig::new(&args.collector);
     config.token = args.token.clone();
-    config.tls = rankscope_agent::config::client_tls_from_env()?;
+    config.tls = tls;
     let transport = Transport::start(config, hello.clone())?;
     // A simulated rank produces rows far faster than a real one: it waits for room
     // in the queue instead of dropping, so the row counts stay exact.
