@@ -167,7 +167,7 @@ impl Agent {
     }
 
     /// Whether activations of `name` are sampled at all. Names the collector would
-    /// refuse (over 256 bytes, control characters) never are.
+    /// refuse (over [`rankscope_proto::MAX_LABEL_BYTES`], control characters) never are.
     pub fn wants_layer(&self, name: &str) -> bool {
         self.inner.as_ref().is_some_and(|i| {
             i.config.samples_layers()
@@ -206,7 +206,8 @@ impl Agent {
     }
 
     /// Records an event row (`kind`, a message, an optional value).
-    /// `kind` and `message` are cut to the collector's limits (256 and 4096 bytes)
+    /// `kind` and `message` are cut to the collector's limits
+    /// ([`rankscope_proto::MAX_LABEL_BYTES`] and [`rankscope_proto::MAX_EVENT_MESSAGE_BYTES`])
     /// and control characters replaced, so an event can never be refused.
     pub fn event(&self, kind: &str, message: &str, value: Option<i64>) {
         if let Some(inner) = &self.inner {

@@ -47,7 +47,10 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         }
     };
     Duration::try_from_secs_f64(seconds).map_err(|_| {
-        format!("{text:?} is too long a duration: write at most about 584 billion years (e.g. 10s)")
+        format!(
+            "{text:?} is too long a duration (at most {} seconds): write e.g. 10s, 500ms or 2m",
+            u64::MAX
+        )
     })
 }
 
