@@ -29,7 +29,12 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in the order of a training step.
-    pub const ALL: [Phase; 4] = [Phase::Data, Phase::Forward, Phase::Backward, Phase::Optimizer];
+    pub const ALL: [Phase; 4] = [
+        Phase::Data,
+        Phase::Forward,
+        Phase::Backward,
+        Phase::Optimizer,
+    ];
 
     /// The phase's name, as in the `steps` columns (`data` for `data_ms`).
     pub fn label(self) -> &'static str {
@@ -168,9 +173,7 @@ impl Drop for StepGuard {
             return;
         };
         let queuing = Instant::now();
-        inner
-            .transport
-            .send(Row::Step(self.row.take()));
+        inner.transport.send(Row::Step(self.row.take()));
         inner.add_overhead(queuing);
     }
 }

@@ -152,5 +152,8 @@ fn run_train(
         "launching {} ranks of `rankscope train --model {}` (run {run_id})",
         args.nproc_per_node, args.model
     );
-    launch::launch(&launch_args, &[("RANKSCOPE_COLLECTOR", collector.to_string())])
+    launch::launch(
+        &launch_args,
+        &[("RANKSCOPE_COLLECTOR", collector.to_string())],
+    )
 }

@@ -60,7 +60,12 @@ fn four_ddp_ranks_land_a_complete_grid_and_stay_in_sync() {
     let steps = 30;
     run(torchrun(
         &["--standalone", "--nproc-per-node", "4"],
-        &["--steps", &steps.to_string(), "--result", res.to_str().unwrap()],
+        &[
+            "--steps",
+            &steps.to_string(),
+            "--result",
+            res.to_str().unwrap(),
+        ],
         &[
             ("RANKSCOPE_COLLECTOR", &collector.addr),
             ("RANKSCOPE_RUN_ID", "ddp-4"),
@@ -100,7 +105,10 @@ fn four_ddp_ranks_land_a_complete_grid_and_stay_in_sync() {
     );
     // Names are module paths without DDP's `module.` prefix.
     assert_eq!(count(out, "layers", "layer like 'module.%'"), 0);
-    assert_eq!(count(out, "layers", "layer = 'blocks.0.attn.qkv'"), 4 * sampled);
+    assert_eq!(
+        count(out, "layers", "layer = 'blocks.0.attn.qkv'"),
+        4 * sampled
+    );
     // Every step row has its phases, loss and communication time.
     assert_eq!(
         count(
@@ -228,7 +236,10 @@ fn the_rank_others_wait_for_has_the_least_comm_time() {
         .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
         .collect();
     let (fast, slow) = (rows[0][1], rows[1][1]);
-    assert!(rows[1][2] > rows[0][2] + 30.0, "rank 1 was not slowed: {rows:?}");
+    assert!(
+        rows[1][2] > rows[0][2] + 30.0,
+        "rank 1 was not slowed: {rows:?}"
+    );
     // The fast rank waits for the slow one in every all-reduce: about the 40 ms.
     assert!(
         slow * 4.0 < fast && fast > 20.0,
@@ -282,7 +293,10 @@ fn collector_killed_mid_run_and_restarted_loses_and_duplicates_nothing() {
         .trim(),
         "0"
     );
-    assert_eq!(count_by_rank(out, "layers"), vec![(0, 15 * GPT_LAYERS), (1, 15 * GPT_LAYERS)]);
+    assert_eq!(
+        count_by_rank(out, "layers"),
+        vec![(0, 15 * GPT_LAYERS), (1, 15 * GPT_LAYERS)]
+    );
 }
 
 #[test]

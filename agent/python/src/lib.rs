@@ -168,7 +168,8 @@ impl NativeAgent {
 
     /// `(activations sampled, of which dropped)` so far.
     fn samples(&self) -> (u64, u64) {
-        self.agent.samples()
+        let samples = self.agent.activation_samples();
+        (samples.taken, samples.dropped)
     }
 
     /// Flushes everything and waits (at most the finish timeout) for the collector to
@@ -429,12 +430,12 @@ impl From<FinishReport> for Report {
     fn from(r: FinishReport) -> Report {
         Report {
             complete: r.complete(),
-            rows_sent: r.rows_sent,
+            rows_sent: r.rows_queued,
             rows_acked: r.rows_acked,
             rows_dropped: r.rows_dropped,
-            rows_unsent: r.rows_unsent,
+            rows_unsent: r.rows_unacked,
             rows_spilled: r.rows_spilled,
-            spill_dir: r.spill_dir.map(|d| d.display().to_string()),
+            spill_dir: r.rank_spill_dir.map(|d| d.display().to_string()),
             connected: r.connected,
         }
     }
@@ -461,7 +462,7 @@ fn init(
     builder.collector = collector;
     builder.run_id = run_id;
     builder.sample_every = sample_every;
-    builder.layers = layers;
+    builder.layer_filter = layers;
     builder.max_rows = max_rows;
     builder.workload = Some(workload.unwrap_or_else(|| "python".into()));
     let config = match mode.as_deref().map(|m| (m, Mode::parse(m))) {
