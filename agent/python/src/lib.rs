@@ -106,8 +106,7 @@ impl NativeAgent {
     /// Adds one bucket's all-reduce time (launch to completion) to the current step.
     fn add_comm_ms(&self, ms: f64) {
         if ms.is_finite() && ms >= 0.0 {
-            self.comm_ns
-                .fetch_add((ms * 1e6) as u64, Ordering::Relaxed);
+            self.comm_ns.fetch_add((ms * 1e6) as u64, Ordering::Relaxed);
         }
     }
 
@@ -331,10 +330,10 @@ impl NativeStep {
     }
 
     fn phase_end(&mut self) {
-        if let Some((phase, started)) = self.phase_started.take() {
-            if let Some(guard) = &self.guard {
-                guard.add_phase_ms(phase, started.elapsed().as_secs_f64() * 1e3);
-            }
+        if let Some((phase, started)) = self.phase_started.take()
+            && let Some(guard) = &self.guard
+        {
+            guard.add_phase_ms(phase, started.elapsed().as_secs_f64() * 1e3);
         }
     }
 }
@@ -352,13 +351,7 @@ impl NativePhase {
         slf.step.borrow_mut(py).phase_begin(slf.phase)
     }
 
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: PyObject,
-        _exc: PyObject,
-        _tb: PyObject,
-    ) -> bool {
+    fn __exit__(&self, py: Python<'_>, _exc_type: PyObject, _exc: PyObject, _tb: PyObject) -> bool {
         self.step.borrow_mut(py).phase_end();
         false
     }
@@ -458,13 +451,15 @@ fn init(
     workload: Option<String>,
 ) -> PyResult<NativeAgent> {
     init_logging();
-    let mut builder = AgentConfigBuilder::default();
-    builder.collector = collector;
-    builder.run_id = run_id;
-    builder.sample_every = sample_every;
-    builder.layer_filter = layers;
-    builder.max_rows = max_rows;
-    builder.workload = Some(workload.unwrap_or_else(|| "python".into()));
+    let mut builder = AgentConfigBuilder {
+        collector,
+        run_id,
+        sample_every,
+        layer_filter: layers,
+        max_rows,
+        workload: Some(workload.unwrap_or_else(|| "python".into())),
+        ..Default::default()
+    };
     let config = match mode.as_deref().map(|m| (m, Mode::parse(m))) {
         Some((text, None)) => {
             return Err(ConfigError::new_err(format!(
