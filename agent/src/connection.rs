@@ -167,7 +167,7 @@ pub(crate) struct Streamer {
     current_since: Option<Instant>,
     dropped_reported: u64,
     connected_once: bool,
-    warned_refusal: bool,
+    warned_unfixable: bool,
     backoff: Duration,
     next_attempt: Instant,
 }
@@ -225,7 +225,7 @@ impl Streamer {
             current,
             dropped_reported: 0,
             connected_once: false,
-            warned_refusal: false,
+            warned_unfixable: false,
             backoff: Duration::ZERO,
             next_attempt: Instant::now(),
         }
@@ -324,7 +324,7 @@ impl Streamer {
             Ok(conn) => {
                 self.backoff = Duration::ZERO;
                 self.connected_once = true;
-                self.warned_refusal = false;
+                self.warned_unfixable = false;
                 Some(conn)
             }
             Err(why) => self.disconnected(why),
@@ -435,19 +435,28 @@ impl Streamer {
 
     /// Forgets the connection and schedules the next attempt.
     fn disconnected(&mut self, why: StreamError) -> Option<Connection> {
-        if why.is_refusal() && !self.warned_refusal {
-            self.warned_refusal = true;
-            tracing::error!(
-                rank = self.hello.rank,
-                %why,
-                "collector refused this rank's stream; retrying with backoff"
-            );
+        if !self.warned_unfixable {
+            if why.is_refusal() {
+                self.warned_unfixable = true;
+                tracing::error!(
+                    rank = self.hello.rank,
+                    %why,
+                    "collector refused this rank's stream; retrying with backoff"
+                );
+            } else if matches!(why, StreamError::Setup(_)) {
+                self.warned_unfixable = true;
+                tracing::error!(
+                    rank = self.hello.rank,
+                    %why,
+                    "cannot connect to the collector with these settings; retrying with backoff"
+                );
+            }
         }
         self.backoff =
             (self.backoff * 2).clamp(Duration::from_millis(100), self.config.max_backoff);
         let jitter = rand::rng().random_range(0.5..1.0);
         self.next_attempt = Instant::now() + self.backoff.mul_f64(jitter);
-        tracing::debug!(rank = self.hello.rank, %why, retry_in = ?self.backoff, "collector unreachable");
+        tracing::debug!(rank = self.hello.rank, %why, retry_in = ?self.backoff, "stream failed");
         None
     }
 
