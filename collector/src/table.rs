@@ -1,4 +1,7 @@
-//! The six tables and how their rows become Arrow record batches.
+//! The six tables as the collector buffers them ([`Rows`]) and how their rows become
+//! Arrow record batches. The table names and the rows of a `Batch` are
+//! `rankscope-proto`'s ([`Table`]); every match over the six kinds of buffered rows
+//! is in this module.
 //!
 //! Every table starts with the same three columns, `run_id`, `rank` and `seq` (the
 //! batch sequence number the row travelled in; 0 for rows the collector wrote
