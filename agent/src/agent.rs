@@ -27,14 +27,16 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use rankscope_proto::v1::{EventRow, Hello, RankRow, RunRow};
+use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES};
 use tch::Tensor;
 
 use crate::config::{AgentConfig, AgentConfigBuilder, ConfigError, OnConfigError};
 use crate::memory::{self, RssReader};
 use crate::metrics::{self, ConvLayout, MatrixOptions};
+use crate::report::FinishReport;
 use crate::step::StepGuard;
 use crate::tap::Tap;
-use crate::transport::{FinishReport, Transport, TransportConfig};
+use crate::transport::{Transport, TransportConfig};
 use crate::worker::{self, Worker};
 use crate::{Row, now_us};
 
@@ -50,6 +52,16 @@ pub(crate) struct ObservedShape {
 /// the activation's device while queued, so this bounds the extra device memory
 /// to `WORKER_QUEUE × max_rows × cols` elements.
 const WORKER_QUEUE: usize = 16;
+
+/// Activation samples of one agent (see [`Agent::activation_samples`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ActivationSamples {
+    /// Activations sampled on the training thread.
+    pub taken: u64,
+    /// Of those, not measured: the metrics queue was full, or libtorch failed to
+    /// prepare the sample.
+    pub dropped: u64,
+}
 
 /// The agent of one rank. Cheap to clone (an `Arc`); `Send + Sync`.
 #[derive(Clone, Debug, Default)]
@@ -78,8 +90,10 @@ pub(crate) struct Inner {
     pub(crate) profiling: AtomicBool,
     /// Output shapes recorded while profiling, in forward order.
     pub(crate) shapes: Mutex<Vec<ObservedShape>>,
-    conv_layout: ConvLayout,
-    started_at: i64,
+    /// How the training thread prepares a sample.
+    options: MatrixOptions,
+    /// This rank's identity as sent to the collector; its `ranks` row at finish.
+    hello: Hello,
     report: OnceLock<FinishReport>,
 }
 
@@ -139,8 +153,10 @@ impl Agent {
         self.inner.as_deref().map(|i| &i.config)
     }
 
-    /// Wraps `module` so its output is observed under `name`. Layers the filter
-    /// excludes, and all layers in `steps` mode, are wrapped inert.
+    /// Wraps `module` so its output is observed under `name`. The wrapper is
+    /// always the same; whether a step samples the layer is decided at each
+    /// forward ([`Agent::wants_layer`]: never for layers the filter excludes, in
+    /// `steps` mode, or on an inactive agent).
     pub fn tap<M: tch::nn::Module>(&self, name: &str, module: M) -> Tap<M> {
         Tap::new(self.clone(), name, module, None)
     }
@@ -151,10 +167,12 @@ impl Agent {
     }
 
     /// Whether activations of `name` are sampled at all. Names the collector would
-    /// refuse (over 256 bytes, control characters) never are.
+    /// refuse (over [`rankscope_proto::MAX_LABEL_BYTES`], control characters) never are.
     pub fn wants_layer(&self, name: &str) -> bool {
         self.inner.as_ref().is_some_and(|i| {
-            i.config.samples_layers() && i.config.layers.matches(name) && valid_label(name)
+            i.config.samples_layers()
+                && i.config.layer_filter.matches(name)
+                && rankscope_proto::is_valid_label(name)
         })
     }
 
@@ -188,29 +206,31 @@ impl Agent {
     }
 
     /// Records an event row (`kind`, a message, an optional value).
-    /// `kind` and `message` are cut to the collector's limits (256 and 4096 bytes)
+    /// `kind` and `message` are cut to the collector's limits
+    /// ([`rankscope_proto::MAX_LABEL_BYTES`] and [`rankscope_proto::MAX_EVENT_MESSAGE_BYTES`])
     /// and control characters replaced, so an event can never be refused.
     pub fn event(&self, kind: &str, message: &str, value: Option<i64>) {
         if let Some(inner) = &self.inner {
             inner.transport.send(Row::Event(EventRow {
                 time: now_us(),
                 kind: clean_label(kind, MAX_LABEL_BYTES),
-                message: clean_label(message, 4096),
+                message: clean_label(message, MAX_EVENT_MESSAGE_BYTES),
                 value,
                 step: Some(inner.step.load(Ordering::Relaxed)),
             }));
         }
     }
 
-    /// (activations sampled, of which dropped because the metrics worker was
-    /// behind) so far; the drops are also reported as a `samples_dropped` event.
-    pub fn samples(&self) -> (u64, u64) {
-        self.inner.as_ref().map_or((0, 0), |i| {
-            (
-                i.samples_taken.load(Ordering::Relaxed),
-                i.worker_dropped.load(Ordering::Relaxed),
-            )
-        })
+    /// Activation samples so far (not training examples, which the `samples`
+    /// column of `steps` counts): taken, and of those dropped because the metrics
+    /// worker was behind; the drops are also reported as a `samples_dropped` event.
+    pub fn activation_samples(&self) -> ActivationSamples {
+        self.inner
+            .as_ref()
+            .map_or(ActivationSamples::default(), |i| ActivationSamples {
+                taken: i.samples_taken.load(Ordering::Relaxed),
+                dropped: i.worker_dropped.load(Ordering::Relaxed),
+            })
     }
 
     /// Flushes everything and waits (at most the configured `finish_timeout`) for
@@ -226,7 +246,7 @@ impl Agent {
 impl Inner {
     fn start(config: AgentConfig) -> std::io::Result<Inner> {
         let started_at = now_us();
-        let hostname = hostname();
+        let hostname = clean_label(&hostname(), MAX_LABEL_BYTES);
         let hello = Hello {
             run_id: config.run_id.clone(),
             rank: config.rank,
@@ -235,7 +255,7 @@ impl Inner {
             world_size: config.world_size,
             hostname,
             pid: std::process::id(),
-            mode: config.mode.proto() as i32,
+            mode: config.mode.recording_mode() as i32,
             agent_version: env!("CARGO_PKG_VERSION").into(),
             schema_major: rankscope_proto::SCHEMA_MAJOR,
             schema_minor: rankscope_proto::SCHEMA_MINOR,
@@ -245,33 +265,32 @@ impl Inner {
         tc.queue_rows = config.queue_rows;
         tc.token = config.token.clone();
         tc.spill_dir = config.spill_dir.clone();
-        tc.spill_bytes = config.spill_max_bytes;
+        tc.spill_max_bytes = config.spill_max_bytes;
         tc.tls = config.tls.clone();
-        let transport = Arc::new(Transport::start(tc, hello)?);
+        let transport = Arc::new(Transport::start(tc, hello.clone())?);
         if config.rank == 0 {
             transport.send(Row::Run(RunRow {
                 started_at,
                 world_size: config.world_size,
-                mode: config.mode.proto() as i32,
+                mode: config.mode.recording_mode() as i32,
                 sample_every: u32::try_from(config.sample_every).unwrap_or(u32::MAX),
                 max_rows: u32::try_from(config.max_rows).unwrap_or(u32::MAX),
-                centered: config.center,
-                layer_filter: config.layers.as_text(),
+                centered: config.centered,
+                layer_filter: config.layer_filter.as_text(),
                 agent_version: env!("CARGO_PKG_VERSION").into(),
                 workload: config.workload.clone(),
             }));
         }
-        let conv_layout = ConvLayout::parse(&config.conv_layout).unwrap_or_default();
         let options = MatrixOptions {
             max_rows: config.max_rows,
-            center: config.center,
-            conv_layout,
+            centered: config.centered,
+            conv_layout: ConvLayout::parse(&config.conv_layout).unwrap_or_default(),
         };
         let worker_dropped = Arc::new(AtomicU64::new(0));
         let (worker, queue) = if config.samples_layers() {
             let w = Worker::start(
                 transport.clone(),
-                options,
+                config.centered,
                 WORKER_QUEUE,
                 config.worker_priority,
                 worker_dropped.clone(),
@@ -297,8 +316,8 @@ impl Inner {
             device_index,
             profiling: AtomicBool::new(false),
             shapes: Mutex::new(Vec::new()),
-            conv_layout,
-            started_at,
+            options,
+            hello,
             report: OnceLock::new(),
         })
     }
@@ -319,23 +338,21 @@ impl Inner {
         }
     }
 
-    /// On the training thread: detach, reshape, subsample, copy, hand over.
+    /// On the training thread: detach, reshape, subsample, copy, hand over. This is
+    /// the only place a sample is prepared; the metrics thread only measures it.
     fn sample(&self, name: &str, activation: &Tensor) {
         let _guard = tch::no_grad_guard();
         self.samples_taken.fetch_add(1, Ordering::Relaxed);
         let step = self.step.load(Ordering::Relaxed);
-        let x = activation.detach();
         let seed = metrics::sample_seed(&self.config.run_id, self.config.rank, step, name);
         // A copy of our own: training may modify its activation in place later.
-        let prepared = metrics::try_to_matrix(&x, self.conv_layout).and_then(|(matrix, layout)| {
-            let sampled = metrics::try_sample_rows(&matrix, self.config.max_rows, seed)?;
-            Ok((sampled.f_detach_copy()?, layout))
-        });
-        let Ok((owned, layout)) = prepared else {
+        let prepared = metrics::prepare(&activation.detach(), &self.options, seed)
+            .and_then(|sample| sample.to_owned_copy());
+        let Ok(sample) = prepared else {
             self.worker_dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let job = worker::job(step, name, owned, layout);
+        let job = worker::Job::new(step, name, sample);
         let queue = self.worker_queue.lock().unwrap_or_else(|e| e.into_inner());
         let sent = queue.as_ref().is_some_and(|q| q.try_send(job).is_ok());
         if !sent && self.worker_dropped.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -362,23 +379,13 @@ impl Inner {
         if dropped_samples > 0 {
             final_rows.push(Row::Event(EventRow {
                 time: now_us(),
-                kind: "samples_dropped".into(),
+                kind: crate::event_kind::SAMPLES_DROPPED.into(),
                 message: "activation samples dropped: the metrics worker fell behind".into(),
                 value: Some(dropped_samples as i64),
                 step: None,
             }));
         }
-        let hello_rank = RankRow {
-            local_rank: self.config.local_rank,
-            node_rank: self.config.node_rank,
-            world_size: self.config.world_size,
-            hostname: hostname(),
-            pid: std::process::id(),
-            mode: self.config.mode.proto() as i32,
-            started_at: self.started_at,
-            finished_at: Some(now_us()),
-        };
-        final_rows.push(Row::Rank(hello_rank));
+        final_rows.push(Row::Rank(RankRow::from_hello(&self.hello, Some(now_us()))));
         let report = self
             .transport
             .finish(final_rows, self.config.finish_timeout);
@@ -392,14 +399,6 @@ impl Inner {
             self.device_index.and_then(memory::device_bytes),
         )
     }
-}
-
-/// The collector's limit on layer names and other labels.
-pub const MAX_LABEL_BYTES: usize = 256;
-
-/// Whether the collector accepts `name` as a label.
-pub fn valid_label(name: &str) -> bool {
-    name.len() <= MAX_LABEL_BYTES && !name.chars().any(char::is_control)
 }
 
 /// `text` with control characters replaced and cut to `max` bytes.
@@ -421,4 +420,61 @@ fn hostname() -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    //! docs/columns.md against the code: the numbers and names it quotes.
+
+    use super::*;
+
+    const COLUMNS_MD: &str = include_str!("../../docs/columns.md");
+
+    #[test]
+    fn columns_doc_quotes_the_bounds_and_kinds_of_the_code() {
+        let transport = TransportConfig::new("unused");
+        for quoted in [
+            format!("metrics queue ({WORKER_QUEUE} samples)"),
+            format!(
+                "row queue ({} rows)",
+                group_digits(transport.queue_rows as u64)
+            ),
+            format!("memory ({} MiB", transport.outbox_bytes >> 20),
+            format!(
+                "({} GiB, `RANKSCOPE_SPILL_MAX_BYTES`",
+                transport.spill_max_bytes >> 30
+            ),
+            "`VmRSS` of `/proc/self/status`".to_string(),
+        ] {
+            assert!(
+                COLUMNS_MD.contains(&quoted),
+                "docs/columns.md does not say {quoted:?}"
+            );
+        }
+        for kind in crate::event_kind::ALL {
+            assert!(
+                COLUMNS_MD.contains(&format!("| `{kind}` |")),
+                "docs/columns.md lists no event kind {kind}"
+            );
+        }
+        for kind in crate::profile::MODEL_KINDS {
+            assert!(
+                COLUMNS_MD.contains(&format!("`{kind}`")),
+                "docs/columns.md lists no model kind {kind}"
+            );
+        }
+    }
+
+    /// 65536 as the docs write it: 65,536.
+    fn group_digits(n: u64) -> String {
+        let digits = n.to_string();
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    }
 }

@@ -30,8 +30,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::client_tls::ClientTls;
 pub use crate::layer_filter::LayerFilter;
-pub use crate::transport::ClientTls;
 
 pub const RANK: &str = "RANK";
 pub const LOCAL_RANK: &str = "LOCAL_RANK";
@@ -68,6 +68,8 @@ pub const DEFAULT_COLLECTOR: &str = "127.0.0.1:50051";
 pub const DEFAULT_SAMPLE_EVERY: u64 = 10;
 pub const DEFAULT_MAX_ROWS: usize = 4096;
 pub const DEFAULT_SPILL_MAX_BYTES: u64 = 1 << 30;
+pub const DEFAULT_QUEUE_ROWS: usize = 65_536;
+pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default spill root: `rankscope-spill-$USER` in the temporary directory (one
 /// per user, so users of a shared node never collide).
@@ -120,13 +122,14 @@ impl Mode {
         }
     }
 
-    /// The wire value (`off` never reaches the wire).
-    pub fn proto(self) -> rankscope_proto::v1::Mode {
+    /// The wire value (`off` never reaches the wire: an agent that records
+    /// nothing does not connect).
+    pub fn recording_mode(self) -> rankscope_proto::v1::RecordingMode {
         match self {
-            Mode::Full => rankscope_proto::v1::Mode::Full,
-            Mode::Rank0 => rankscope_proto::v1::Mode::Rank0,
-            Mode::Steps => rankscope_proto::v1::Mode::Steps,
-            Mode::Off => rankscope_proto::v1::Mode::Unspecified,
+            Mode::Full => rankscope_proto::v1::RecordingMode::Full,
+            Mode::Rank0 => rankscope_proto::v1::RecordingMode::Rank0,
+            Mode::Steps => rankscope_proto::v1::RecordingMode::Steps,
+            Mode::Off => rankscope_proto::v1::RecordingMode::Unspecified,
         }
     }
 }
@@ -205,7 +208,7 @@ pub enum ConfigError {
     #[error(
         "{RANKSCOPE_SPILL_MAX_BYTES}={0:?} is not a size: use bytes with an optional K, M or G suffix, e.g. 512M"
     )]
-    SpillBytes(String),
+    SpillMaxBytes(String),
     #[error("cannot read {var}={path:?}: {error}")]
     TlsFile {
         var: &'static str,
@@ -242,9 +245,12 @@ pub struct AgentConfig {
     pub collector: String,
     pub mode: Mode,
     pub sample_every: u64,
-    pub layers: LayerFilter,
+    /// Which layers are sampled (`RANKSCOPE_LAYERS`; the `runs.layer_filter` column).
+    pub layer_filter: LayerFilter,
     pub max_rows: usize,
-    pub center: bool,
+    /// Subtract column means before the spectrum (`RANKSCOPE_CENTER`; the
+    /// `centered` columns).
+    pub centered: bool,
     /// `channelwise` or `flatten`.
     pub conv_layout: String,
     /// How long `finish()` waits for the collector to acknowledge everything.
@@ -310,9 +316,9 @@ pub struct AgentConfigBuilder {
     pub collector: Option<String>,
     pub mode: Option<Mode>,
     pub sample_every: Option<u64>,
-    pub layers: Option<String>,
+    pub layer_filter: Option<String>,
     pub max_rows: Option<usize>,
-    pub center: Option<bool>,
+    pub centered: Option<bool>,
     pub conv_layout: Option<String>,
     pub finish_timeout: Option<Duration>,
     pub queue_rows: Option<usize>,
@@ -343,9 +349,9 @@ impl AgentConfigBuilder {
     setter!(collector: String);
     setter!(mode: Mode);
     setter!(sample_every: u64);
-    setter!(layers: String);
+    setter!(layer_filter: String);
     setter!(max_rows: usize);
-    setter!(center: bool);
+    setter!(centered: bool);
     setter!(conv_layout: String);
     setter!(finish_timeout: Duration);
     setter!(queue_rows: usize);
@@ -508,7 +514,7 @@ impl AgentConfigBuilder {
         if max_rows == 0 {
             return Err(ConfigError::MaxRows);
         }
-        let center = match self.center {
+        let centered = match self.centered {
             Some(c) => c,
             None => match env(RANKSCOPE_CENTER) {
                 Some(v) => parse_bool(&v).ok_or(ConfigError::Bool {
@@ -537,7 +543,7 @@ impl AgentConfigBuilder {
         let spill_max_bytes = match self.spill_max_bytes {
             Some(n) => n,
             None => match env(RANKSCOPE_SPILL_MAX_BYTES) {
-                Some(v) => parse_size(&v).ok_or(ConfigError::SpillBytes(v))?,
+                Some(v) => parse_size(&v).ok_or(ConfigError::SpillMaxBytes(v))?,
                 None => DEFAULT_SPILL_MAX_BYTES,
             },
         };
@@ -568,18 +574,18 @@ impl AgentConfigBuilder {
             collector,
             mode,
             sample_every,
-            layers: LayerFilter::parse(
+            layer_filter: LayerFilter::parse(
                 &self
-                    .layers
+                    .layer_filter
                     .clone()
                     .or_else(|| env(RANKSCOPE_LAYERS))
                     .unwrap_or_default(),
             ),
             max_rows,
-            center,
+            centered,
             conv_layout,
-            finish_timeout: self.finish_timeout.unwrap_or(Duration::from_secs(10)),
-            queue_rows: self.queue_rows.unwrap_or(65_536),
+            finish_timeout: self.finish_timeout.unwrap_or(DEFAULT_FINISH_TIMEOUT),
+            queue_rows: self.queue_rows.unwrap_or(DEFAULT_QUEUE_ROWS),
             workload: self.workload.clone().unwrap_or_default(),
             token: self.token.clone().or_else(|| env(RANKSCOPE_TOKEN)),
             spill_dir,

@@ -5,21 +5,26 @@
 //! Layout:
 //! - [`config`]: `RANKSCOPE_*`, torchrun and SLURM variables, and the builder;
 //! - [`layer_filter`]: which layers are sampled (`RANKSCOPE_LAYERS`);
-//! - [`row`]: a row of any table;
+//! - [`Row`]: a row of any table (from `rankscope-proto`);
 //! - [`outbox`]: unacknowledged batches, numbered, bounded, resent after reconnects;
 //! - [`spill`]: the on-disk log that keeps them across outages and crashes;
-//! - [`transport`]: the background thread that batches and streams rows;
+//! - [`transport`]: the handle that queues rows for the transport thread, through
+//!   the bounded `queue`; `connection`: that thread's loop, which batches,
+//!   streams and resends; [`client_tls`]: TLS to the collector; [`report`]: what
+//!   was delivered, at finish;
 //! - with the `torch` feature: [`metrics`] (the spectral and health metrics),
-//!   [`npy`] (reading saved matrices), [`worker`] (metrics off the training
-//!   thread), [`tap`] (capturing activations), [`step`] (step and phase timing),
-//!   [`memory`] (RSS and allocator bytes), [`threads`] (intra-op threads per
-//!   thread), [`profile`] (the static model profile),
-//!   and [`agent`] (the handle training code holds).
+//!   [`worker`] (metrics off the training thread), [`tap`] (capturing
+//!   activations), [`step`] (step and phase timing), [`memory`] (RSS and
+//!   allocator bytes), [`threads`] (intra-op threads per thread), [`profile`]
+//!   (the static model profile), and [`agent`] (the handle training code holds).
 
+pub mod client_tls;
 pub mod config;
+mod connection;
 pub mod layer_filter;
 pub mod outbox;
-pub mod row;
+mod queue;
+pub mod report;
 pub mod spill;
 pub mod transport;
 
@@ -29,8 +34,6 @@ pub mod agent;
 pub mod memory;
 #[cfg(feature = "torch")]
 pub mod metrics;
-#[cfg(feature = "torch")]
-pub mod npy;
 #[cfg(feature = "torch")]
 pub mod profile;
 #[cfg(feature = "torch")]
@@ -44,9 +47,29 @@ pub mod worker;
 
 #[cfg(feature = "torch")]
 pub use agent::Agent;
+pub use client_tls::ClientTls;
 pub use config::{AgentConfig, ConfigError, Mode};
-pub use row::Row;
-pub use transport::{FinishReport, Transport, TransportConfig};
+pub use rankscope_proto::Row;
+pub use report::FinishReport;
+pub use transport::{Transport, TransportConfig};
+
+/// The `events.kind` values the agent writes itself (docs/columns.md explains each).
+pub mod event_kind {
+    /// Rows dropped because the row queue or the outbox was full.
+    pub const ROWS_DROPPED: &str = "rows_dropped";
+    /// Activation samples not measured.
+    pub const SAMPLES_DROPPED: &str = "samples_dropped";
+    /// Damaged records skipped in a rank's spill directory.
+    pub const SPILL_DAMAGED: &str = "spill_damaged";
+    /// NaN or ±Inf in a sampled activation.
+    pub const NONFINITE_ACTIVATION: &str = "nonfinite_activation";
+    pub const ALL: [&str; 4] = [
+        ROWS_DROPPED,
+        SAMPLES_DROPPED,
+        SPILL_DAMAGED,
+        NONFINITE_ACTIVATION,
+    ];
+}
 
 /// Microseconds since the Unix epoch: the unit of every time column.
 pub fn now_us() -> i64 {

@@ -1,10 +1,14 @@
-//! The spectral and health metrics of one activation, exactly as `METRICS.md` defines them.
+//! The spectral and health metrics of one activation, exactly as `docs/metrics.md` defines
+//! them.
 //!
-//! The pipeline ([`compute`]) is: activation → matrix ([`to_matrix`]) → row sample
-//! ([`sample_rows`]) → float64 on the activation's own device → health metrics → optional
-//! centring → eigenvalues of the Gram matrix of the smaller side → [`spectral`]. One Gram
-//! product and one symmetric eigen-solve serve all six spectral columns; there is no SVD on
-//! this path because it is two orders of magnitude slower on CPU.
+//! The pipeline ([`compute`]) has two typed steps. [`prepare`]: activation → matrix
+//! ([`to_matrix`]) → row sample ([`sample_rows`]), giving a [`Sample`]; in the agent it runs
+//! once, on the training thread, which hands the sample to the metrics thread. [`measure`]:
+//! float64 on the sample's own device → health metrics → optional centring → eigenvalues of
+//! the Gram matrix of the smaller side → [`spectral`]; the metrics thread runs only this.
+//! One Gram product and one symmetric eigen-solve serve all six spectral columns; there is no
+//! SVD on this path because it is two orders of magnitude slower on CPU.
+//! [`LayerMetrics::into_layer_row`] is the one place the metrics become a `layers` row.
 //!
 //! # From an activation to a matrix A (n rows = samples, d columns = features)
 //!
@@ -53,6 +57,7 @@
 
 use std::collections::HashMap;
 
+use rankscope_proto::v1::LayerRow;
 use tch::{Device, Kind, TchError, Tensor};
 
 /// How a 4-D (B, C, H, W) activation becomes a matrix.
@@ -90,7 +95,7 @@ pub struct MatrixOptions {
     /// Row cap; rows beyond it are sampled. 0 means no cap.
     pub max_rows: usize,
     /// Subtract column means before the spectrum (covariance convention) or not (NDT's).
-    pub center: bool,
+    pub centered: bool,
     /// How 4-D activations become matrices.
     pub conv_layout: ConvLayout,
 }
@@ -148,19 +153,9 @@ const CUM_ENERGY_REL_TOL: f64 = 1e-12;
 
 /// Reshapes an activation into the matrix the metrics are defined on (see the module table)
 /// and returns it with the `conv_layout` label used (`""` unless the input is 4-D). An
-/// undefined tensor gives an empty (0, 0) matrix.
-///
-/// # Panics
-///
-/// Only if libtorch itself fails (out of memory while copying a permuted tensor); [`compute`]
-/// uses the fallible [`try_to_matrix`] and never panics.
-pub fn to_matrix(activation: &Tensor, layout: ConvLayout) -> (Tensor, &'static str) {
-    try_to_matrix(activation, layout).expect("reshaping to a matrix with the same element count")
-}
-
-/// [`to_matrix`] that reports a libtorch failure instead of panicking, for callers that
-/// must never panic (the training thread).
-pub fn try_to_matrix(
+/// undefined tensor gives an empty (0, 0) matrix. A libtorch failure (out of memory while
+/// copying a permuted tensor) is returned, never a panic.
+pub fn to_matrix(
     activation: &Tensor,
     layout: ConvLayout,
 ) -> Result<(Tensor, &'static str), TchError> {
@@ -213,18 +208,8 @@ pub fn sample_seed(run_id: &str, rank: u32, step: u64, layer: &str) -> u64 {
 
 /// Keeps `max_rows` rows drawn uniformly without replacement (in their original order) when
 /// the matrix has more; otherwise returns it unchanged. `max_rows == 0` means no cap. The
-/// selection runs on the tensor's own device.
-///
-/// # Panics
-///
-/// Only if libtorch itself fails (out of memory); [`compute`] uses the fallible
-/// [`try_sample_rows`].
-pub fn sample_rows(matrix: &Tensor, max_rows: usize, seed: u64) -> Tensor {
-    try_sample_rows(matrix, max_rows, seed).expect("selecting valid row indices")
-}
-
-/// [`sample_rows`] that reports a libtorch failure instead of panicking.
-pub fn try_sample_rows(matrix: &Tensor, max_rows: usize, seed: u64) -> Result<Tensor, TchError> {
+/// selection runs on the tensor's own device; a libtorch failure (out of memory) is returned.
+pub fn sample_rows(matrix: &Tensor, max_rows: usize, seed: u64) -> Result<Tensor, TchError> {
     if !matrix.defined() || matrix.dim() == 0 {
         return Ok(matrix.shallow_clone());
     }
@@ -281,31 +266,110 @@ impl SplitMix64 {
     }
 }
 
-/// The full pipeline of the module header, on the activation's own device. Never panics:
-/// a libtorch failure (which valid input does not cause) is logged and leaves the columns it
-/// prevented at `None`.
-pub fn compute(activation: &Tensor, options: &MatrixOptions, seed: u64) -> LayerMetrics {
+/// An activation made ready for [`measure`]: the matrix of the module table, its rows
+/// sampled down to the cap.
+#[derive(Debug)]
+pub struct Sample {
+    /// At most `max_rows` rows.
+    pub matrix: Tensor,
+    /// `"channelwise"` or `"flatten"` for a 4-D activation, `""` otherwise.
+    pub conv_layout: &'static str,
+}
+
+impl Sample {
+    /// A detached copy of the sample's own, so later in-place changes to the
+    /// activation (by training) cannot reach it.
+    pub fn to_owned_copy(&self) -> Result<Sample, TchError> {
+        Ok(Sample {
+            matrix: self.matrix.f_detach_copy()?,
+            conv_layout: self.conv_layout,
+        })
+    }
+}
+
+/// The first step: activation → matrix → row sample, on the activation's own device.
+pub fn prepare(
+    activation: &Tensor,
+    options: &MatrixOptions,
+    seed: u64,
+) -> Result<Sample, TchError> {
+    let (matrix, conv_layout) = to_matrix(activation, options.conv_layout)?;
+    let matrix = sample_rows(&matrix, options.max_rows, seed)?;
+    Ok(Sample {
+        matrix,
+        conv_layout,
+    })
+}
+
+/// The second step: the metrics of a prepared sample, on its own device, with or without
+/// centring. Never panics: a libtorch failure (which valid input does not cause) is logged
+/// and leaves the columns it prevented at `None`.
+pub fn measure(sample: &Sample, centered: bool) -> LayerMetrics {
     let _guard = tch::no_grad_guard();
     let mut metrics = LayerMetrics {
-        centered: options.center,
+        centered,
+        conv_layout: sample.conv_layout,
         ..LayerMetrics::default()
     };
-    if let Err(error) = measure(activation, options, seed, &mut metrics) {
+    if let Err(error) = measure_matrix(&sample.matrix, centered, &mut metrics) {
         tracing::warn!(%error, "activation metrics failed");
         metrics.spectral = Spectral::default();
     }
     metrics
 }
 
-fn measure(
-    activation: &Tensor,
-    options: &MatrixOptions,
-    seed: u64,
-    out: &mut LayerMetrics,
-) -> Result<(), TchError> {
-    let (matrix, layout) = try_to_matrix(activation, options.conv_layout)?;
-    out.conv_layout = layout;
-    let matrix = try_sample_rows(&matrix, options.max_rows, seed)?;
+/// Both steps, [`prepare`] and [`measure`], for callers that hold the whole activation (the
+/// `spectrum` command, the benchmarks). Never panics: a failure to prepare gives the empty
+/// metrics, logged.
+pub fn compute(activation: &Tensor, options: &MatrixOptions, seed: u64) -> LayerMetrics {
+    let _guard = tch::no_grad_guard();
+    match prepare(activation, options, seed) {
+        Ok(sample) => measure(&sample, options.centered),
+        Err(error) => {
+            tracing::warn!(%error, "activation metrics failed");
+            LayerMetrics {
+                centered: options.centered,
+                ..LayerMetrics::default()
+            }
+        }
+    }
+}
+
+impl LayerMetrics {
+    /// The `layers` row of these metrics: the one place the two are mapped.
+    pub fn into_layer_row(self, step: u64, time: i64, layer: String, compute_ms: f64) -> LayerRow {
+        let Spectral {
+            stable_rank,
+            participation_ratio,
+            participation_ratio_sv,
+            cum_energy_90,
+            nuclear_norm_ratio,
+            effective_rank,
+        } = self.spectral;
+        LayerRow {
+            step,
+            time,
+            layer,
+            rows: self.rows,
+            cols: self.cols,
+            centered: self.centered,
+            stable_rank,
+            participation_ratio,
+            participation_ratio_sv,
+            cum_energy_90,
+            nuclear_norm_ratio,
+            effective_rank,
+            mean: self.mean,
+            std: self.std,
+            zero_fraction: self.zero_fraction,
+            nonfinite: self.nonfinite,
+            compute_ms,
+            conv_layout: self.conv_layout.to_string(),
+        }
+    }
+}
+
+fn measure_matrix(matrix: &Tensor, centered: bool, out: &mut LayerMetrics) -> Result<(), TchError> {
     let (n, d) = match matrix.size().as_slice() {
         &[n, d] => (n, d),
         _ => return Ok(()),
@@ -315,7 +379,6 @@ fn measure(
     if n == 0 || d == 0 {
         return Ok(());
     }
-
     let x = matrix.f_to_kind(Kind::Double)?;
     let numel = x.numel() as u64;
     // One pass each for Σx, ‖x‖ and the zeros, one device → host transfer for all
@@ -341,7 +404,7 @@ fn measure(
     out.std = Some((norm * norm / n_values - mean * mean).max(0.0).sqrt());
     out.zero_fraction = Some((n_values - nonzero) / n_values);
 
-    let x = if options.center {
+    let x = if centered {
         x.f_sub(&x.f_mean_dim(0i64, true, Kind::Double)?)?
     } else {
         x
@@ -444,10 +507,10 @@ mod tests {
 
     const REL_TOL: f64 = 1e-5;
 
-    fn options(max_rows: usize, center: bool, conv_layout: ConvLayout) -> MatrixOptions {
+    fn options(max_rows: usize, centered: bool, conv_layout: ConvLayout) -> MatrixOptions {
         MatrixOptions {
             max_rows,
-            center,
+            centered,
             conv_layout,
         }
     }
@@ -814,14 +877,15 @@ mod tests {
     fn sample_rows_picks_distinct_rows_in_order() {
         let n = 1000;
         let x = Tensor::arange(n, (Kind::Int64, Device::Cpu)).unsqueeze(1);
-        let picked = Vec::<i64>::try_from(&sample_rows(&x, 100, 7).squeeze_dim(1)).unwrap();
+        let picked =
+            Vec::<i64>::try_from(&sample_rows(&x, 100, 7).unwrap().squeeze_dim(1)).unwrap();
         assert_eq!(picked.len(), 100);
         assert!(
             picked.windows(2).all(|w| w[0] < w[1]),
             "sorted and distinct"
         );
         assert!(picked.iter().all(|&i| (0..n).contains(&i)));
-        assert_eq!(sample_rows(&x, 1000, 7).size(), [1000, 1]);
+        assert_eq!(sample_rows(&x, 1000, 7).unwrap().size(), [1000, 1]);
     }
 
     #[test]
@@ -899,7 +963,7 @@ mod tests {
     #[test]
     fn matrix_shapes_and_layout_labels() {
         let shape = |t: &Tensor, layout| {
-            let (m, label) = to_matrix(t, layout);
+            let (m, label) = to_matrix(t, layout).unwrap();
             (m.size(), label)
         };
         let zeros = |s: &[i64]| Tensor::zeros(s, (Kind::Float, Device::Cpu));

@@ -18,7 +18,7 @@
 //! same run and rank takes over what an earlier one left ([`Outbox::open`]).
 //!
 //! **When full**, the oldest data goes first, because a collector that comes back
-//! wants to see the run's present: past `spill_bytes` on disk the oldest segment
+//! wants to see the run's present: past `spill_max_bytes` on disk the oldest segment
 //! is deleted; without a spill (or once writing to it failed) past `memory_bytes`
 //! the oldest batch is dropped. Either way the rows are counted in
 //! [`Outbox::dropped_rows`], which the transport reports as a `rows_dropped` event
@@ -31,15 +31,27 @@ use prost::Message;
 use rankscope_proto::v1::Batch;
 
 use crate::spill::{Location, SpillLog};
-use crate::transport::batch_rows;
+
+/// The highest `durable_seq` a `Welcome` may carry: half the `seq` space, more
+/// batches than any run sends (one a millisecond for 10⁸ years), so numbering
+/// after it can never overflow.
+pub const MAX_WELCOME_SEQ: u64 = u64::MAX / 2;
+
+/// A `Welcome` whose `durable_seq` no run can reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the collector says {0} batches of this rank are durable, more than any run sends: is the address a rankscope collector of this release?"
+)]
+pub struct ImpossibleSeq(pub u64);
 
 /// Bounds and the spill directory of one rank.
 #[derive(Debug, Clone)]
 pub struct OutboxConfig {
-    /// The rank's spill directory; `None` keeps batches in memory only.
-    pub spill_dir: Option<PathBuf>,
+    /// The rank's spill directory (`<spill_dir>/<run id>/rank-<rank>`); `None`
+    /// keeps batches in memory only.
+    pub rank_spill_dir: Option<PathBuf>,
     /// Bound on the spill, in bytes.
-    pub spill_bytes: u64,
+    pub spill_max_bytes: u64,
     /// Size a spill segment grows to before the next one starts.
     pub segment_bytes: u64,
     /// Bound on the batches held in memory, in encoded bytes.
@@ -93,14 +105,14 @@ impl Outbox {
             damaged_bytes: 0,
             config,
         };
-        if let Some(dir) = outbox.config.spill_dir.clone() {
+        if let Some(dir) = outbox.config.rank_spill_dir.clone() {
             match SpillLog::open(&dir, outbox.config.segment_bytes) {
                 Ok((log, replayed)) => {
                     outbox.damaged_bytes = log.damaged_bytes();
                     for r in replayed {
                         outbox.entries.push_back(Entry {
                             seq: (r.batch.seq > 0).then_some(r.batch.seq),
-                            rows: batch_rows(&r.batch) as u64,
+                            rows: r.batch.rows() as u64,
                             bytes: r.batch.encoded_len(),
                             batch: None,
                             at: Some(r.at),
@@ -119,8 +131,8 @@ impl Outbox {
     /// In memory only, bounded at `memory_bytes`.
     pub fn in_memory(memory_bytes: usize) -> Outbox {
         Outbox::open(OutboxConfig {
-            spill_dir: None,
-            spill_bytes: 0,
+            rank_spill_dir: None,
+            spill_max_bytes: 0,
             segment_bytes: 0,
             memory_bytes,
         })
@@ -145,7 +157,7 @@ impl Outbox {
     pub fn push(&mut self, mut batch: Batch) {
         let seq = self.next_seq;
         if let Some(next) = &mut self.next_seq {
-            *next += 1;
+            *next = next.saturating_add(1);
         }
         batch.seq = seq.unwrap_or(0);
         let at = self.write(|log| log.append_batch(&batch));
@@ -153,7 +165,7 @@ impl Outbox {
         self.memory_bytes += bytes;
         self.entries.push_back(Entry {
             seq,
-            rows: batch_rows(&batch) as u64,
+            rows: batch.rows() as u64,
             bytes,
             batch: Some(batch),
             at,
@@ -186,7 +198,7 @@ impl Outbox {
     fn enforce_bounds(&mut self) {
         // Disk: delete the oldest segment while over the bound.
         while let Some(log) = &mut self.spill {
-            if log.bytes() <= self.config.spill_bytes {
+            if log.bytes() <= self.config.spill_max_bytes {
                 break;
             }
             let Some(oldest) = log.oldest_closed() else {
@@ -242,7 +254,12 @@ impl Outbox {
 
     /// The first `Welcome` of a connection: `durable_seq` batches of this (run,
     /// rank) are durable. The first one of this process anchors the numbering.
-    pub fn welcome(&mut self, durable_seq: u64) {
+    /// A `durable_seq` above [`MAX_WELCOME_SEQ`] comes from a broken or hostile
+    /// peer (no run sends that many batches): it is refused and changes nothing.
+    pub fn welcome(&mut self, durable_seq: u64) -> Result<(), ImpossibleSeq> {
+        if durable_seq > MAX_WELCOME_SEQ {
+            return Err(ImpossibleSeq(durable_seq));
+        }
         if self.next_seq.is_none() {
             let known = self.entries.iter().filter_map(|e| e.seq).max().unwrap_or(0);
             let first = durable_seq.max(known) + 1;
@@ -262,6 +279,7 @@ impl Outbox {
         }
         self.acknowledge(durable_seq);
         self.rewind();
+        Ok(())
     }
 
     /// Forgets every batch up to `durable_seq`, and the spill segments that held
@@ -377,10 +395,10 @@ mod tests {
         }
     }
 
-    fn spilled(dir: &std::path::Path, spill_bytes: u64, memory_bytes: usize) -> Outbox {
+    fn spilled(dir: &std::path::Path, spill_max_bytes: u64, memory_bytes: usize) -> Outbox {
         Outbox::open(OutboxConfig {
-            spill_dir: Some(dir.to_path_buf()),
-            spill_bytes,
+            rank_spill_dir: Some(dir.to_path_buf()),
+            spill_max_bytes,
             segment_bytes: 64,
             memory_bytes,
         })
@@ -399,7 +417,7 @@ mod tests {
             !o.has_unsent(),
             "nothing is sent before the Welcome numbers it"
         );
-        o.welcome(0);
+        o.welcome(0).unwrap();
         o.push(batch(3));
         assert_eq!(o.next_unsent().unwrap().seq, 1);
         assert_eq!(o.next_unsent().unwrap().seq, 2);
@@ -419,13 +437,13 @@ mod tests {
         let mut o = Outbox::in_memory(usize::MAX);
         o.push(batch(1));
         o.push(batch(1));
-        o.welcome(40);
+        o.welcome(40).unwrap();
         o.push(batch(1));
         assert_eq!(o.unacked_rows(), 3);
         let seqs: Vec<u64> = drain(&mut o).into_iter().map(|(s, _)| s).collect();
         assert_eq!(seqs, [41, 42, 43]);
         // A later Welcome (a reconnect) changes no numbers.
-        o.welcome(41);
+        o.welcome(41).unwrap();
         let seqs: Vec<u64> = drain(&mut o).into_iter().map(|(s, _)| s).collect();
         assert_eq!(seqs, [42, 43]);
     }
@@ -434,7 +452,7 @@ mod tests {
     fn full_memory_outbox_drops_oldest_and_counts() {
         let one = batch(10).encoded_len();
         let mut o = Outbox::in_memory(one * 2 + 4);
-        o.welcome(0);
+        o.welcome(0).unwrap();
         for _ in 0..5 {
             o.push(batch(10));
         }
@@ -451,7 +469,7 @@ mod tests {
             let mut o = spilled(dir.path(), u64::MAX, 0);
             o.push(batch(1));
             o.push(batch(2));
-            o.welcome(7);
+            o.welcome(7).unwrap();
             o.push(batch(3));
             assert_eq!(o.next_unsent().unwrap().seq, 8);
             // Killed before any acknowledgement: nothing is closed or cleaned.
@@ -460,7 +478,7 @@ mod tests {
         let mut o = spilled(dir.path(), u64::MAX, 0);
         assert_eq!(o.unacked_rows(), 6);
         o.push(batch(4));
-        o.welcome(8);
+        o.welcome(8).unwrap();
         assert_eq!(drain(&mut o), [(9, 2), (10, 3), (11, 4)]);
         o.acknowledge(11);
         assert!(o.is_empty());
@@ -479,7 +497,7 @@ mod tests {
         }
         let mut o = spilled(dir.path(), u64::MAX, usize::MAX);
         o.push(batch(3));
-        o.welcome(0);
+        o.welcome(0).unwrap();
         assert_eq!(drain(&mut o), [(1, 1), (2, 2), (3, 3)]);
     }
 
@@ -488,7 +506,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let one = batch(10).encoded_len() as u64 + 9;
         let mut o = spilled(dir.path(), 3 * (one + 8), 0);
-        o.welcome(0);
+        o.welcome(0).unwrap();
         for _ in 0..6 {
             o.push(batch(10));
         }
@@ -497,5 +515,24 @@ mod tests {
         assert!(o.spill().unwrap().bytes() <= 3 * (one + 8));
         let sent = drain(&mut o);
         assert_eq!(sent.last().unwrap().0, 6, "the newest batch is kept");
+    }
+
+    #[test]
+    fn an_impossible_welcome_is_refused_and_changes_nothing() {
+        let mut o = Outbox::in_memory(usize::MAX);
+        o.push(batch(3));
+        for seq in [u64::MAX, MAX_WELCOME_SEQ + 1] {
+            let err = o.welcome(seq).unwrap_err();
+            assert_eq!(err, ImpossibleSeq(seq));
+            assert!(err.to_string().contains(&seq.to_string()));
+        }
+        assert_eq!(drain(&mut o), vec![], "still unnumbered, so unsent");
+        // The largest welcome allowed numbers after it without overflowing.
+        o.welcome(MAX_WELCOME_SEQ).unwrap();
+        o.push(batch(2));
+        assert_eq!(
+            drain(&mut o),
+            vec![(MAX_WELCOME_SEQ + 1, 3), (MAX_WELCOME_SEQ + 2, 2)]
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! The static model profile, recorded once per rank as `model` rows: per layer its
 //! kind, parameters, parameter / gradient / optimizer-state bytes, and forward
-//! FLOPs for one batch as METRICS.md counts them (a multiply-add is 2 FLOPs):
+//! FLOPs for one batch as docs/metrics.md counts them (a multiply-add is 2 FLOPs):
 //!
 //! - Linear: 2 · rows · in · out
 //! - Conv2d: 2 · B · H_out · W_out · k_h · k_w · (C_in / groups) · C_out
@@ -153,6 +153,9 @@ fn bytes(t: &tch::Tensor) -> u64 {
     t.numel() as u64 * t.kind().elt_size_in_bytes() as u64
 }
 
+/// Every `model.kind` value (docs/columns.md explains each).
+pub const MODEL_KINDS: [&str; 6] = ["linear", "mlp", "conv2d", "embedding", "attention", "other"];
+
 /// The layer kind and its forward FLOPs for the observed batch (0 when unknown).
 /// A tap around several linear layers (an MLP block) sums them, all applied to
 /// the same rows; an embedding (weight `(vocab, d)`, output last dim `d`) is a
@@ -183,7 +186,6 @@ fn classify(shape: Option<&ObservedShape>, weights: &[Vec<i64>]) -> (&'static st
             let flops = ws.iter().map(|w| 2 * rows * (w[0] * w[1]) as u64).sum();
             (if ws.len() == 1 { "linear" } else { "mlp" }, flops)
         }
-        [] => ("other", 0),
         _ => ("other", 0),
     }
 }
@@ -242,5 +244,7 @@ mod tests {
             output: vec![2, 16, 32],
         };
         assert_eq!(classify(Some(&embed), &[vec![1000, 32]]), ("embedding", 0));
+        assert_eq!(classify(None, &[]), ("other", 0));
+        assert_eq!(classify(None, &[vec![3]]), ("other", 0));
     }
 }

@@ -283,15 +283,6 @@ impl SpillLog {
         Ok(())
     }
 
-    /// Deletes every segment, the current one included (all was acknowledged).
-    pub fn remove_all(&mut self) -> io::Result<()> {
-        self.current = None;
-        while let Some(oldest) = self.oldest_closed() {
-            self.remove(oldest)?;
-        }
-        Ok(())
-    }
-
     /// Deletes one closed segment.
     pub fn remove(&mut self, segment: u64) -> io::Result<()> {
         self.segments.remove(&segment);

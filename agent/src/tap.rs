@@ -20,10 +20,11 @@ pub struct Tap<M> {
 
 impl<M: Module> Tap<M> {
     pub(crate) fn new(agent: Agent, name: &str, inner: M, kind: Option<&'static str>) -> Tap<M> {
-        if agent.is_active() && !crate::agent::valid_label(name) {
+        if agent.is_active() && !rankscope_proto::is_valid_label(name) {
             tracing::warn!(
                 name = %name.escape_debug(),
-                "layer name has control characters or is over 256 bytes: this tap records nothing"
+                max_bytes = rankscope_proto::MAX_LABEL_BYTES,
+                "layer name has control characters or is over max_bytes: this tap records nothing"
             );
         }
         // The layer filter is applied on sampled steps (Agent::wants_layer); shapes

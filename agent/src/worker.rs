@@ -1,8 +1,10 @@
 //! The metrics worker: a thread that turns sampled activations into `layers` rows,
 //! so the spectra never run on the training thread.
 //!
-//! The training thread hands over a detached, subsampled copy through a bounded
-//! queue (`try_send`): when the worker falls behind, the sample is dropped and
+//! The training thread prepares each sample once ([`metrics::prepare`]: reshape and
+//! row sample, then a detached copy) and hands the [`Job`] over through a bounded
+//! queue (`try_send`); this thread only measures ([`metrics::measure`]). When the
+//! worker falls behind, the sample is dropped and
 //! counted, and the training thread goes on. By default the worker runs in the
 //! idle scheduling class ([`crate::threads`]), so it only uses CPU time training
 //! leaves free.
@@ -13,21 +15,33 @@ use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rankscope_proto::v1::{EventRow, LayerRow};
-use tch::Tensor;
+use rankscope_proto::v1::EventRow;
 
 use crate::config::WorkerPriority;
-use crate::metrics::{self, MatrixOptions};
+use crate::metrics::{self, Sample};
 use crate::transport::Transport;
 use crate::{Row, now_us};
 
-/// One sampled activation, already a (rows ≤ max_rows) × cols matrix.
+/// One sampled activation, prepared on the training thread.
+#[derive(Debug)]
 pub struct Job {
     pub step: u64,
     pub layer: String,
-    pub matrix: Tensor,
-    pub conv_layout: &'static str,
+    pub sample: Sample,
+    /// When it was sampled.
     pub time: i64,
+}
+
+impl Job {
+    /// A job for `sample`, time-stamped now.
+    pub fn new(step: u64, layer: &str, sample: Sample) -> Job {
+        Job {
+            step,
+            layer: layer.to_string(),
+            sample,
+            time: now_us(),
+        }
+    }
 }
 
 /// The worker thread and its queue.
@@ -43,7 +57,7 @@ impl Worker {
     /// Starts the thread; jobs it skips are added to `dropped`.
     pub fn start(
         transport: Arc<Transport>,
-        options: MatrixOptions,
+        centered: bool,
         capacity: usize,
         priority: WorkerPriority,
         dropped: Arc<AtomicU64>,
@@ -69,37 +83,20 @@ impl Worker {
                         continue;
                     }
                     let started = Instant::now();
-                    let m = metrics::compute(&job.matrix, &options, 0);
+                    let m = metrics::measure(&job.sample, centered);
                     let compute_ms = started.elapsed().as_secs_f64() * 1e3;
                     if m.nonfinite > 0 {
                         transport.send(Row::Event(EventRow {
                             time: job.time,
-                            kind: "nonfinite_activation".into(),
+                            kind: crate::event_kind::NONFINITE_ACTIVATION.into(),
                             message: format!("layer {} has NaN or Inf values", job.layer),
                             value: Some(m.nonfinite as i64),
                             step: Some(job.step),
                         }));
                     }
-                    transport.send(Row::Layer(LayerRow {
-                        step: job.step,
-                        time: job.time,
-                        layer: job.layer,
-                        rows: m.rows,
-                        cols: m.cols,
-                        centered: m.centered,
-                        stable_rank: m.spectral.stable_rank,
-                        participation_ratio: m.spectral.participation_ratio,
-                        participation_ratio_sv: m.spectral.participation_ratio_sv,
-                        cum_energy_90: m.spectral.cum_energy_90,
-                        nuclear_norm_ratio: m.spectral.nuclear_norm_ratio,
-                        effective_rank: m.spectral.effective_rank,
-                        mean: m.mean,
-                        std: m.std,
-                        zero_fraction: m.zero_fraction,
-                        nonfinite: m.nonfinite,
-                        compute_ms,
-                        conv_layout: job.conv_layout.to_string(),
-                    }));
+                    transport.send(Row::Layer(
+                        m.into_layer_row(job.step, job.time, job.layer, compute_ms),
+                    ));
                 }
             })?;
         Ok(Worker {
@@ -142,16 +139,5 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.finish(Duration::from_secs(2));
-    }
-}
-
-/// Time-stamps a job now.
-pub fn job(step: u64, layer: &str, matrix: Tensor, conv_layout: &'static str) -> Job {
-    Job {
-        step,
-        layer: layer.to_string(),
-        matrix,
-        conv_layout,
-        time: now_us(),
     }
 }

@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use rankscope_agent::agent::ActivationSamples;
 use rankscope_agent::config::{AgentConfig, WorkerPriority};
 use rankscope_agent::metrics::{self, MatrixOptions};
 use rankscope_agent::step::Phase;
@@ -152,10 +153,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Per setup: the median round in seconds, and (samples taken, dropped).
+/// Per setup: the median round in seconds, and the activation samples taken and dropped.
 struct Rounds {
     median: Vec<f64>,
-    samples: Vec<(u64, u64)>,
+    samples: Vec<ActivationSamples>,
 }
 
 /// Rounds interleaved over the setups; the first round warms up.
@@ -212,14 +213,14 @@ fn overhead_rounds(
             }
         }
     }
-    let mut unsent = 0;
+    let mut unacked = 0;
     let mut samples = Vec::new();
     for (agent, _) in &models {
-        samples.push(agent.samples());
-        unsent += agent.finish().rows_unsent;
+        samples.push(agent.activation_samples());
+        unacked += agent.finish().rows_unacked;
     }
-    if unsent > 0 {
-        tracing::warn!(unsent, "rows were not acknowledged by the bench collector");
+    if unacked > 0 {
+        tracing::warn!(unacked, "rows were not acknowledged by the bench collector");
     }
     Ok(Rounds {
         median: times.iter().map(|t| median(t)).collect(),
@@ -237,7 +238,8 @@ fn print_overhead(threads: usize, cores: usize, rounds: &Rounds, steps: u64) {
         "| configuration | median round | ms/step | overhead vs off | target | samples dropped / taken |"
     );
     println!("|---|---|---|---|---|---|");
-    for ((setup, &m), (taken, dropped)) in SETUPS.iter().zip(times).zip(&rounds.samples) {
+    for ((setup, &m), samples) in SETUPS.iter().zip(times).zip(&rounds.samples) {
+        let ActivationSamples { taken, dropped } = *samples;
         println!(
             "| {} | {:.3} s | {:.3} | {:+.2} % | {} | {} / {} |",
             setup.label,
@@ -398,7 +400,7 @@ fn sampled_cost(addr: &str) -> anyhow::Result<(f64, f64, String)> {
 
     let options = MatrixOptions {
         max_rows: rankscope_agent::config::DEFAULT_MAX_ROWS,
-        center: false,
+        centered: false,
         conv_layout: metrics::ConvLayout::default(),
     };
     let compute = std::thread::spawn(move || {

@@ -1,11 +1,11 @@
 //! `rankscope collector`: runs the collector until SIGTERM or Ctrl-C, then drains.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::Duration;
-
 use anyhow::Context;
 use rankscope_collector::CollectorConfig;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::duration;
 
 /// Receive every rank's telemetry and write it as Parquet.
 #[derive(clap::Args)]
@@ -25,23 +25,23 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1:50051", env = "RANKSCOPE_LISTEN")]
     pub listen: SocketAddr,
     /// Output directory.
-    #[arg(long, default_value = "rankscope-out", env = "RANKSCOPE_OUT")]
+    #[arg(long, default_value = CollectorConfig::DEFAULT_OUT, env = "RANKSCOPE_OUT")]
     pub out: PathBuf,
     /// Close a file at most this long after its first row (data is queryable then).
-    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
-    pub max_file_age: Duration,
+    #[arg(long, default_value_t = duration::Arg(CollectorConfig::DEFAULT_MAX_FILE_AGE), value_parser = duration::parse_arg)]
+    pub max_file_age: duration::Arg,
     /// Close a file once it holds this many rows.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = CollectorConfig::DEFAULT_MAX_FILE_ROWS)]
     pub max_file_rows: usize,
     /// Most rank streams open at once.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = CollectorConfig::DEFAULT_MAX_STREAMS)]
     pub max_streams: usize,
     /// Largest message accepted, in bytes.
     #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
     /// How long a disconnected rank may stay away before it is recorded as vanished.
-    #[arg(long, default_value = "30s", value_parser = crate::duration::parse)]
-    pub rank_grace: Duration,
+    #[arg(long, default_value_t = duration::Arg(CollectorConfig::DEFAULT_RANK_GRACE), value_parser = duration::parse_arg)]
+    pub rank_grace: duration::Arg,
     /// A file holding the bearer token every agent must present (RANKSCOPE_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
@@ -64,13 +64,15 @@ pub struct Args {
 }
 
 impl Args {
+    /// The collector's configuration; reads the token and TLS files (once: call it
+    /// once).
     pub fn config(&self) -> anyhow::Result<CollectorConfig> {
         let mut config = CollectorConfig::new(&self.out);
-        config.max_file_age = self.max_file_age;
+        config.max_file_age = self.max_file_age.0;
         config.max_file_rows = self.max_file_rows.max(1);
         config.max_streams = self.max_streams;
         config.max_message_bytes = self.max_message_bytes;
-        config.rank_grace = self.rank_grace;
+        config.rank_grace = self.rank_grace.0;
         config.min_free_bytes = self.min_free_bytes;
         if let Some(path) = &self.token_file {
             let token = std::fs::read_to_string(path)
@@ -104,7 +106,7 @@ impl Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    args.config()?;
+    let config = args.config()?;
     runtime.block_on(async {
         let shutdown = shutdown_signal();
         let listener = tokio::net::TcpListener::bind(args.listen)
@@ -117,7 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if !addr.ip().is_loopback() && args.token_file.is_none() && args.tls_client_ca.is_none() {
             tracing::warn!(%addr, "listening beyond loopback with no --token-file and no --tls-client-ca: anyone who reaches this port can write");
         }
-        let summary = rankscope_collector::serve(listener, args.config()?, shutdown)
+        let summary = rankscope_collector::serve(listener, config, shutdown)
             .await
             .with_context(|| format!("collector writing to {} failed", args.out.display()))?;
         println!(

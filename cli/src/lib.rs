@@ -11,7 +11,7 @@
 //! - `summary`: `rankscope summary`, a run's summary from its Parquet files;
 //! - `train` and `workloads`: `rankscope train` and its example models;
 //! - `demo`: `rankscope demo`, the README's `make demo`;
-//! - `spectrum`: `rankscope spectrum`, metrics of a saved matrix;
+//! - `spectrum` and `npy`: `rankscope spectrum`, metrics of a saved `.npy` matrix;
 //! - `bench`: `rankscope bench`, the agent's overhead for BENCHMARKS.md;
 //! - `duration`: the `10s` / `500ms` argument parser.
 
@@ -23,6 +23,8 @@ mod demo;
 mod duration;
 mod launch;
 mod loadgen;
+#[cfg(feature = "torch")]
+mod npy;
 mod replay;
 #[cfg(feature = "torch")]
 mod spectrum;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::bail;
 use rand::{Rng, SeedableRng};
 use rankscope_agent::{FinishReport, Row, Transport, TransportConfig, now_us};
-use rankscope_proto::v1::{Hello, LayerRow, Mode, ModelRow, RankRow, RunRow, StepRow};
+use rankscope_proto::v1::{Hello, LayerRow, ModelRow, RankRow, RecordingMode, RunRow, StepRow};
 
 /// Simulate training ranks streaming to a collector.
 #[derive(clap::Args, Clone)]
@@ -49,6 +49,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.ranks == 0 {
         bail!("--ranks 0: simulate at least one rank");
     }
+    // Read once for every simulated rank.
+    let tls = rankscope_agent::config::client_tls_from_env()?;
     let bar = indicatif::ProgressBar::new(args.ranks as u64 * args.steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps {per_sec} {eta}")
@@ -57,8 +59,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let reports: Vec<anyhow::Result<FinishReport>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..args.ranks)
             .map(|rank| {
-                let (args, bar) = (&args, &bar);
-                scope.spawn(move || simulate_rank(args, rank, bar))
+                let (args, bar, tls) = (&args, &bar, &tls);
+                scope.spawn(move || simulate_rank(args, rank, tls.clone(), bar))
             })
             .collect();
         handles
@@ -75,14 +77,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             incomplete += 1;
             eprintln!("rank {rank}: {report:?}");
         }
-        total.rows_sent += report.rows_sent;
+        total.rows_queued += report.rows_queued;
         total.rows_acked += report.rows_acked;
         total.rows_dropped += report.rows_dropped;
-        total.rows_unsent += report.rows_unsent;
+        total.rows_unacked += report.rows_unacked;
     }
     println!(
-        "loadgen: {} ranks, {} rows sent, {} acknowledged, {} dropped, {} unsent",
-        args.ranks, total.rows_sent, total.rows_acked, total.rows_dropped, total.rows_unsent
+        "loadgen: {} ranks, {} rows queued, {} acknowledged, {} dropped, {} unacknowledged",
+        args.ranks, total.rows_queued, total.rows_acked, total.rows_dropped, total.rows_unacked
     );
     if incomplete > 0 {
         bail!(
@@ -97,6 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn simulate_rank(
     args: &Args,
     rank: u32,
+    tls: Option<rankscope_agent::ClientTls>,
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<FinishReport> {
     let started_at = now_us();
@@ -108,7 +111,7 @@ fn simulate_rank(
         world_size: args.ranks,
         hostname: format!("loadgen-node{}", rank / 8),
         pid: std::process::id(),
-        mode: Mode::Full as i32,
+        mode: RecordingMode::Full as i32,
         agent_version: env!("CARGO_PKG_VERSION").into(),
         schema_major: rankscope_proto::SCHEMA_MAJOR,
         schema_minor: rankscope_proto::SCHEMA_MINOR,
@@ -116,7 +119,7 @@ fn simulate_rank(
     };
     let mut config = TransportConfig::new(&args.collector);
     config.token = args.token.clone();
-    config.tls = rankscope_agent::config::client_tls_from_env()?;
+    config.tls = tls;
     let transport = Transport::start(config, hello.clone())?;
     // A simulated rank produces rows far faster than a real one: it waits for room
     // in the queue instead of dropping, so the row counts stay exact.
@@ -132,7 +135,7 @@ fn simulate_rank(
         send(Row::Run(RunRow {
             started_at,
             world_size: args.ranks,
-            mode: Mode::Full as i32,
+            mode: RecordingMode::Full as i32,
             sample_every: 1,
             max_rows: 4096,
             centered: false,
@@ -206,16 +209,7 @@ fn simulate_rank(
             std::thread::sleep(args.step_interval);
         }
     }
-    let rank_row = Row::Rank(RankRow {
-        local_rank: hello.local_rank,
-        node_rank: hello.node_rank,
-        world_size: hello.world_size,
-        hostname: hello.hostname.clone(),
-        pid: hello.pid,
-        mode: hello.mode,
-        started_at,
-        finished_at: Some(now_us()),
-    });
+    let rank_row = Row::Rank(RankRow::from_hello(&hello, Some(now_us())));
     Ok(transport.finish(vec![rank_row], args.finish_timeout))
 }
 

@@ -58,7 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let transport = Transport::start(config, hello.clone())?;
         let report = transport.finish(Vec::new(), args.timeout);
         acked += report.rows_acked;
-        left += report.rows_unsent;
+        left += report.rows_unacked;
         if !report.complete() {
             incomplete += 1;
             bar.suspend(|| {
@@ -66,7 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "run {} rank {}: {} rows not acknowledged, {} dropped; they stay in {}",
                     hello.run_id,
                     hello.rank,
-                    report.rows_unsent,
+                    report.rows_unacked,
                     report.rows_dropped,
                     dir.display()
                 )

@@ -14,9 +14,9 @@ use rankscope_agent::metrics::{self, ConvLayout, MatrixOptions};
 pub struct Args {
     /// A NumPy .npy file (float32/float64/int, C order, any rank: reshaped as the agent does).
     pub file: PathBuf,
-    /// Subtract column means first.
-    #[arg(long)]
-    pub center: bool,
+    /// Subtract column means first (the `centered` column).
+    #[arg(long = "center")]
+    pub centered: bool,
     /// channelwise or flatten, for 4-D (B, C, H, W) arrays.
     #[arg(long, default_value = "channelwise")]
     pub conv_layout: String,
@@ -38,10 +38,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.max_rows == 0 {
         anyhow::bail!("--max-rows 0: the row cap must be at least 1");
     }
-    let tensor = rankscope_agent::npy::read_npy(&args.file)?;
+    let tensor = crate::npy::read_npy(&args.file)?;
     let options = MatrixOptions {
         max_rows: args.max_rows,
-        center: args.center,
+        centered: args.centered,
         conv_layout,
     };
     let m = metrics::compute(&tensor, &options, 0);

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{Float64Type, Int64Type, UInt32Type, UInt64Type};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
@@ -17,7 +17,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
   rankscope summary --out rankscope-out --run-id run-1763790000-123")]
 pub struct Args {
     /// The collector's output directory.
-    #[arg(long, default_value = "rankscope-out")]
+    #[arg(long, default_value = rankscope_collector::CollectorConfig::DEFAULT_OUT)]
     pub out: PathBuf,
     /// The run to summarise.
     #[arg(long)]
@@ -51,22 +51,57 @@ fn batches(out: &Path, table: &str, run_id: &str) -> anyhow::Result<Vec<RecordBa
     Ok(all)
 }
 
-fn f64s(b: &RecordBatch, name: &str) -> Vec<Option<f64>> {
-    b.column_by_name(name)
-        .map(|c| c.as_primitive::<Float64Type>().iter().collect())
-        .unwrap_or_else(|| vec![None; b.num_rows()])
+// A missing required column or a column of another type is an error that names it,
+// never a panic: the files may come from another release, or from anywhere.
+fn wrong_type(table: &str, name: &str, array: &ArrayRef, expected: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "column {table}.{name} is {}, not {expected}: is --out the output of a rankscope collector of this release?",
+        array.data_type()
+    )
 }
 
-fn u32s(b: &RecordBatch, name: &str) -> Vec<u32> {
-    b.column_by_name(name)
-        .map(|c| c.as_primitive::<UInt32Type>().values().to_vec())
-        .unwrap_or_default()
+fn missing(table: &str, name: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "table {table} has no column {name}: is --out the output of a rankscope collector of this release?"
+    )
 }
 
-fn u64s(b: &RecordBatch, name: &str) -> Vec<u64> {
-    b.column_by_name(name)
-        .map(|c| c.as_primitive::<UInt64Type>().values().to_vec())
-        .unwrap_or_default()
+/// A nullable numeric column; absent means all null.
+fn f64s(b: &RecordBatch, table: &str, name: &str) -> anyhow::Result<Vec<Option<f64>>> {
+    match b.column_by_name(name) {
+        None => Ok(vec![None; b.num_rows()]),
+        Some(c) => Ok(c
+            .as_primitive_opt::<Float64Type>()
+            .ok_or_else(|| wrong_type(table, name, c, "Float64"))?
+            .iter()
+            .collect()),
+    }
+}
+
+/// A required column of primitive type `T`.
+fn required<T: arrow::datatypes::ArrowPrimitiveType>(
+    b: &RecordBatch,
+    table: &str,
+    name: &str,
+) -> anyhow::Result<Vec<Option<T::Native>>> {
+    let c = b.column_by_name(name).ok_or_else(|| missing(table, name))?;
+    Ok(c.as_primitive_opt::<T>()
+        .ok_or_else(|| wrong_type(table, name, c, &T::DATA_TYPE.to_string()))?
+        .iter()
+        .collect())
+}
+
+/// A required string column.
+fn strings<'a>(
+    b: &'a RecordBatch,
+    table: &str,
+    name: &str,
+) -> anyhow::Result<Vec<Option<&'a str>>> {
+    let c = b.column_by_name(name).ok_or_else(|| missing(table, name))?;
+    Ok(c.as_string_opt::<i32>()
+        .ok_or_else(|| wrong_type(table, name, c, "Utf8"))?
+        .iter()
+        .collect())
 }
 
 #[derive(Default)]
@@ -83,32 +118,31 @@ struct RankStats {
 pub fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
     let mut ranks: BTreeMap<u32, RankStats> = BTreeMap::new();
     for b in batches(out, "steps", run_id)? {
-        let (rank, step_ms, overhead, comm) = (
-            u32s(&b, "rank"),
-            f64s(&b, "step_ms"),
-            f64s(&b, "overhead_ms"),
-            f64s(&b, "comm_ms"),
-        );
-        for i in 0..b.num_rows() {
-            let s = ranks.entry(rank[i]).or_default();
+        let rank = required::<UInt32Type>(&b, "steps", "rank")?;
+        let step_ms = f64s(&b, "steps", "step_ms")?;
+        let overhead = f64s(&b, "steps", "overhead_ms")?;
+        let comm = f64s(&b, "steps", "comm_ms")?;
+        let rows = rank.into_iter().zip(step_ms).zip(overhead).zip(comm);
+        for (((rank, step_ms), overhead), comm) in rows {
+            let Some(rank) = rank else { continue };
+            let s = ranks.entry(rank).or_default();
             s.steps += 1;
-            s.step_ms += step_ms[i].unwrap_or(0.0);
-            s.overhead_ms += overhead[i].unwrap_or(0.0);
-            if let Some(c) = comm[i] {
+            s.step_ms += step_ms.unwrap_or(0.0);
+            s.overhead_ms += overhead.unwrap_or(0.0);
+            if let Some(c) = comm {
                 s.comm_ms.0 += c;
                 s.comm_ms.1 += 1;
             }
         }
     }
     for b in batches(out, "events", run_id)? {
-        let (rank, value) = (u32s(&b, "rank"), b.column_by_name("value"));
-        let (Some(kinds), Some(value)) = (b.column_by_name("kind"), value) else {
-            continue;
-        };
-        let (kinds, value) = (kinds.as_string::<i32>(), value.as_primitive::<Int64Type>());
-        for (i, &rank) in rank.iter().enumerate() {
-            if kinds.value(i) == "samples_dropped" && value.is_valid(i) {
-                ranks.entry(rank).or_default().samples_dropped += value.value(i);
+        let rank = required::<UInt32Type>(&b, "events", "rank")?;
+        let kind = strings(&b, "events", "kind")?;
+        let value = required::<Int64Type>(&b, "events", "value")?;
+        for ((rank, kind), value) in rank.into_iter().zip(kind).zip(value) {
+            if let (Some(rank), Some("samples_dropped"), Some(value)) = (rank, kind, value) {
+                let s = ranks.entry(rank).or_default();
+                s.samples_dropped = s.samples_dropped.saturating_add(value);
             }
         }
     }
@@ -116,24 +150,27 @@ pub fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
     let mut layers: BTreeMap<String, BTreeMap<u64, (f64, f64, u32)>> = BTreeMap::new();
     let mut order: Vec<String> = Vec::new();
     for b in batches(out, "layers", run_id)? {
-        let names = b
-            .column_by_name("layer")
-            .context("layers has a layer column")?;
-        let names = names.as_string::<i32>();
-        let (step, stable, effective) = (
-            u64s(&b, "step"),
-            f64s(&b, "stable_rank"),
-            f64s(&b, "effective_rank"),
-        );
-        for i in 0..b.num_rows() {
-            let name = names.value(i).to_string();
-            if !order.contains(&name) {
-                order.push(name.clone());
-            }
-            let (Some(s), Some(e)) = (stable[i], effective[i]) else {
+        let names = strings(&b, "layers", "layer")?;
+        let step = required::<UInt64Type>(&b, "layers", "step")?;
+        let stable = f64s(&b, "layers", "stable_rank")?;
+        let effective = f64s(&b, "layers", "effective_rank")?;
+        for (((name, step), stable), effective) in
+            names.into_iter().zip(step).zip(stable).zip(effective)
+        {
+            let (Some(name), Some(step)) = (name, step) else {
                 continue;
             };
-            let slot = layers.entry(name).or_default().entry(step[i]).or_default();
+            if !order.iter().any(|n| n == name) {
+                order.push(name.to_string());
+            }
+            let (Some(s), Some(e)) = (stable, effective) else {
+                continue;
+            };
+            let slot = layers
+                .entry(name.to_string())
+                .or_default()
+                .entry(step)
+                .or_default();
             slot.0 += s;
             slot.1 += e;
             slot.2 += 1;
@@ -192,4 +229,94 @@ pub fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
         );
     }
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use arrow::array::{Float64Array, Int32Array, StringArray, UInt32Array};
+    use arrow::datatypes::{Field, Schema};
+    use parquet::arrow::ArrowWriter;
+
+    /// Writes one Parquet file of `columns` as `table` of run `r` under `out`.
+    fn write(out: &Path, table: &str, columns: Vec<(&str, ArrayRef)>) {
+        let dir = out.join(table).join("run_id=r");
+        std::fs::create_dir_all(&dir).unwrap();
+        let fields: Vec<Field> = columns
+            .iter()
+            .map(|(name, a)| Field::new(*name, a.data_type().clone(), true))
+            .collect();
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(fields)),
+            columns.into_iter().map(|(_, a)| a).collect(),
+        )
+        .unwrap();
+        let file = File::create(dir.join("part-0.parquet")).unwrap();
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+
+    #[test]
+    fn well_formed_tables_are_summarised() {
+        let out = tempfile::tempdir().unwrap();
+        write(
+            out.path(),
+            "steps",
+            vec![
+                ("rank", Arc::new(UInt32Array::from(vec![0, 0, 1]))),
+                (
+                    "step_ms",
+                    Arc::new(Float64Array::from(vec![10.0, 20.0, 30.0])),
+                ),
+            ],
+        );
+        let text = summarise(out.path(), "r").unwrap();
+        assert!(text.contains("   0       2"), "{text}");
+        assert!(text.contains("   1       1"), "{text}");
+    }
+
+    #[test]
+    fn unexpected_or_missing_columns_are_errors_not_panics() {
+        // A column of another type.
+        let out = tempfile::tempdir().unwrap();
+        write(
+            out.path(),
+            "steps",
+            vec![
+                ("rank", Arc::new(UInt32Array::from(vec![0]))),
+                ("step_ms", Arc::new(Int32Array::from(vec![10]))),
+            ],
+        );
+        let err = summarise(out.path(), "r").unwrap_err().to_string();
+        assert!(err.contains("steps.step_ms is Int32, not Float64"), "{err}");
+
+        // A required column missing, with rows in the others.
+        let out = tempfile::tempdir().unwrap();
+        write(
+            out.path(),
+            "events",
+            vec![
+                ("kind", Arc::new(StringArray::from(vec!["samples_dropped"]))),
+                ("value", Arc::new(arrow::array::Int64Array::from(vec![3]))),
+            ],
+        );
+        let err = summarise(out.path(), "r").unwrap_err().to_string();
+        assert!(err.contains("table events has no column rank"), "{err}");
+
+        // A layer name that is not a string.
+        let out = tempfile::tempdir().unwrap();
+        write(
+            out.path(),
+            "layers",
+            vec![
+                ("layer", Arc::new(UInt32Array::from(vec![1]))),
+                ("step", Arc::new(arrow::array::UInt64Array::from(vec![1]))),
+            ],
+        );
+        let err = summarise(out.path(), "r").unwrap_err().to_string();
+        assert!(err.contains("layers.layer is UInt32, not Utf8"), "{err}");
+    }
 }

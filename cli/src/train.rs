@@ -117,18 +117,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let agent = agent(&args)?;
     let summary = train(&args, &agent)?;
     println!(
-        "rank {}: {} steps, final loss {:.4}, telemetry: {} rows sent, {} acknowledged, {} dropped, {} unsent",
+        "rank {}: {} steps, final loss {:.4}, telemetry: {} rows queued, {} acknowledged, {} dropped, {} unacknowledged",
         summary.rank,
         summary.steps,
         summary.final_loss,
-        summary.report.rows_sent,
+        summary.report.rows_queued,
         summary.report.rows_acked,
         summary.report.rows_dropped,
-        summary.report.rows_unsent
+        summary.report.rows_unacked
     );
     if let Some(dir) = summary
         .report
-        .spill_dir
+        .rank_spill_dir
         .as_ref()
         .filter(|_| summary.report.rows_spilled > 0)
     {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use prost::Message;
 use rankscope_proto::v1::Batch;
 
-use crate::table::{Rows, Stamped, Table};
+use crate::table::{Rows, Table};
 
 /// The key of a rank's stream of batches.
 pub type RankKey = (String, u32);
@@ -29,28 +29,17 @@ impl Pending {
     /// Adds every row of `batch`, sent by `rank` of `run_id`.
     pub fn push_batch(&mut self, run_id: &str, rank: u32, batch: Batch) {
         let seq = batch.seq;
-        self.bytes += memory_bytes(&batch);
+        self.bytes += batch.encoded_len();
         self.since.get_or_insert_with(Instant::now);
         let wm = self
             .watermarks
             .entry((run_id.to_string(), rank))
             .or_default();
         *wm = (*wm).max(seq);
-        let Batch {
-            steps,
-            layers,
-            runs,
-            ranks,
-            model,
-            events,
-            ..
-        } = batch;
-        self.extend_rows(run_id, Rows::Steps(stamp(rank, seq, steps)));
-        self.extend_rows(run_id, Rows::Layers(stamp(rank, seq, layers)));
-        self.extend_rows(run_id, Rows::Runs(stamp(rank, seq, runs)));
-        self.extend_rows(run_id, Rows::Ranks(stamp(rank, seq, ranks)));
-        self.extend_rows(run_id, Rows::Model(stamp(rank, seq, model)));
-        self.extend_rows(run_id, Rows::Events(stamp(rank, seq, events)));
+        for rows in Rows::split(batch, rank, seq) {
+            self.bytes += rows.fixed_bytes();
+            self.extend_rows(run_id, rows);
+        }
     }
 
     /// Appends rows the collector writes itself (seq 0, no watermark).
@@ -60,12 +49,13 @@ impl Pending {
         }
         self.since.get_or_insert_with(Instant::now);
         self.rows += rows.len();
-        let table = table_of(&rows);
+        let table = rows.table();
         let slot = self
             .tables
             .entry((table, run_id.to_string()))
             .or_insert_with(|| Rows::empty(table));
-        append(slot, rows);
+        let same_table = slot.extend(rows);
+        debug_assert!(same_table.is_ok(), "the slot is keyed by the rows' table");
         self.largest_file_rows = self.largest_file_rows.max(slot.len());
     }
 
@@ -78,7 +68,9 @@ impl Pending {
         self.rows
     }
 
-    /// Estimated memory of the rows held, in bytes (see [`memory_bytes`]).
+    /// Estimated memory of the rows held, in bytes: each row's fixed size plus
+    /// the batch's encoded size (which bounds its strings). The encoded size alone
+    /// would not do: an empty row is 2 bytes on the wire and about 240 in memory.
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -123,48 +115,5 @@ impl Pending {
             *wm = (*wm).max(seq);
         }
         *self = earlier;
-    }
-}
-
-/// An estimate of the memory `batch`'s rows take once buffered: each row's fixed
-/// size plus the batch's encoded size (which bounds its strings). The encoded size
-/// alone would not do: an empty row is 2 bytes on the wire and about 240 in memory.
-pub fn memory_bytes(batch: &Batch) -> usize {
-    use std::mem::size_of;
-    batch.encoded_len()
-        + batch.steps.len() * size_of::<Stamped<rankscope_proto::v1::StepRow>>()
-        + batch.layers.len() * size_of::<Stamped<rankscope_proto::v1::LayerRow>>()
-        + batch.runs.len() * size_of::<Stamped<rankscope_proto::v1::RunRow>>()
-        + batch.ranks.len() * size_of::<Stamped<rankscope_proto::v1::RankRow>>()
-        + batch.model.len() * size_of::<Stamped<rankscope_proto::v1::ModelRow>>()
-        + batch.events.len() * size_of::<Stamped<rankscope_proto::v1::EventRow>>()
-}
-
-fn stamp<R>(rank: u32, seq: u64, rows: Vec<R>) -> Vec<Stamped<R>> {
-    rows.into_iter()
-        .map(|row| Stamped { rank, seq, row })
-        .collect()
-}
-
-fn table_of(rows: &Rows) -> Table {
-    match rows {
-        Rows::Runs(_) => Table::Runs,
-        Rows::Ranks(_) => Table::Ranks,
-        Rows::Steps(_) => Table::Steps,
-        Rows::Layers(_) => Table::Layers,
-        Rows::Model(_) => Table::Model,
-        Rows::Events(_) => Table::Events,
-    }
-}
-
-fn append(slot: &mut Rows, rows: Rows) {
-    match (slot, rows) {
-        (Rows::Runs(a), Rows::Runs(b)) => a.extend(b),
-        (Rows::Ranks(a), Rows::Ranks(b)) => a.extend(b),
-        (Rows::Steps(a), Rows::Steps(b)) => a.extend(b),
-        (Rows::Layers(a), Rows::Layers(b)) => a.extend(b),
-        (Rows::Model(a), Rows::Model(b)) => a.extend(b),
-        (Rows::Events(a), Rows::Events(b)) => a.extend(b),
-        _ => unreachable!("rows are grouped by their table"),
     }
 }

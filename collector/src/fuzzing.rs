@@ -65,17 +65,13 @@ pub fn agent_message(bytes: &[u8]) -> Outcome {
             // prost allocated.
             let on_wire = grpc::batch_rows_on_wire(bytes).expect("decoded, so walkable");
             assert!(
-                on_wire >= rows(&b),
+                on_wire >= b.rows(),
                 "{on_wire} rows counted, {} decoded",
-                rows(&b)
+                b.rows()
             );
             check_batch(b)
         }
     }
-}
-
-fn rows(b: &Batch) -> usize {
-    b.steps.len() + b.layers.len() + b.runs.len() + b.ranks.len() + b.model.len() + b.events.len()
 }
 
 /// A `Hello` payload: decode and validation.
@@ -111,7 +107,7 @@ fn check_batch(b: Batch) -> Outcome {
     if let Err(invalid) = validate::batch(&b) {
         return refused(invalid);
     }
-    let rows = rows(&b);
+    let rows = b.rows();
     let intake = Intake::new(HashMap::new(), usize::MAX);
     let key = (RUN_ID.to_string(), 0);
     match intake.admit(&key, b) {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use prost::Message;
+use rankscope_proto::MAX_ROWS_PER_BATCH;
 use rankscope_proto::v1::collector_server::{Collector, SERVICE_NAME};
 use rankscope_proto::v1::{AgentMessage, CollectorMessage};
 use tonic::codec::{Codec, DecodeBuf, Decoder};
@@ -26,7 +27,7 @@ use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::ProstEncoder;
 
-use crate::validate::{Invalid, MAX_ROWS_PER_BATCH};
+use crate::validate::Invalid;
 
 /// The gRPC path of the one method.
 const STREAM_PATH: &str = "/rankscope.v1.Collector/Stream";

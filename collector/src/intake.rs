@@ -202,16 +202,7 @@ impl Intake {
             state.gone_since = None;
             if let Some(h) = state.hello.take() {
                 tracing::warn!(run_id, rank, "rank vanished without finishing");
-                let row = RankRow {
-                    local_rank: h.local_rank,
-                    node_rank: h.node_rank,
-                    world_size: h.world_size,
-                    hostname: h.hostname,
-                    pid: h.pid,
-                    mode: h.mode,
-                    started_at: h.started_at,
-                    finished_at: None,
-                };
+                let row = RankRow::from_hello(&h, None);
                 rows.push((
                     run_id.clone(),
                     Stamped {

@@ -17,12 +17,14 @@
 //! - [`committer`]: when buffered rows become files;
 //! - [`store`]: the output directory, atomic commits and crash recovery;
 //! - [`space`]: free space on the output filesystem, the `--min-free-bytes` floor;
-//! - [`fuzzing`]: what the collector runs on one message's bytes, as one function
-//!   for the fuzz targets (`fuzz/`) and the hostile-input tests.
+//! - `fuzzing` (only with the `fuzzing` feature, and in unit tests): what the
+//!   collector runs on one message's bytes, as plain functions that assert their
+//!   contract, for the fuzz targets (`fuzz/`).
 
 pub mod auth;
 pub mod buffer;
 pub mod committer;
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod grpc;
 pub mod intake;
@@ -79,17 +81,26 @@ pub struct CollectorConfig {
 }
 
 impl CollectorConfig {
-    /// The defaults, writing to `out`.
+    /// The output directory of the command line's default.
+    pub const DEFAULT_OUT: &str = "rankscope-out";
+    pub const DEFAULT_MAX_FILE_AGE: Duration = Duration::from_secs(10);
+    pub const DEFAULT_MAX_FILE_ROWS: usize = 1_000_000;
+    pub const DEFAULT_ROW_GROUP_ROWS: usize = 1_000_000;
+    pub const DEFAULT_MAX_PENDING_BYTES: usize = 512 * 1024 * 1024;
+    pub const DEFAULT_MAX_STREAMS: usize = 4096;
+    pub const DEFAULT_RANK_GRACE: Duration = Duration::from_secs(30);
+
+    /// The defaults, writing to `out`. The command line's defaults are these.
     pub fn new(out: impl Into<PathBuf>) -> CollectorConfig {
         CollectorConfig {
             out: out.into(),
-            max_file_age: Duration::from_secs(10),
-            max_file_rows: 1_000_000,
-            row_group_rows: 1_000_000,
-            max_pending_bytes: 512 * 1024 * 1024,
+            max_file_age: Self::DEFAULT_MAX_FILE_AGE,
+            max_file_rows: Self::DEFAULT_MAX_FILE_ROWS,
+            row_group_rows: Self::DEFAULT_ROW_GROUP_ROWS,
+            max_pending_bytes: Self::DEFAULT_MAX_PENDING_BYTES,
             max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
-            max_streams: 4096,
-            rank_grace: Duration::from_secs(30),
+            max_streams: Self::DEFAULT_MAX_STREAMS,
+            rank_grace: Self::DEFAULT_RANK_GRACE,
             token: None,
             min_free_bytes: space::DEFAULT_MIN_FREE_BYTES,
             tls: None,

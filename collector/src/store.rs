@@ -121,8 +121,8 @@ fn writer_properties(row_group_rows: usize) -> WriterProperties {
 }
 
 /// Encodes `rows` of `run_id`'s `table` as one Parquet file into `sink`, exactly
-/// as a commit does; returns the sink. Runs in memory for a `Vec<u8>` sink (see
-/// [`crate::fuzzing`]).
+/// as a commit does; returns the sink. Runs in memory for a `Vec<u8>` sink (the
+/// `fuzzing` module does).
 pub fn encode_parquet<W: Write + Send>(
     sink: W,
     rows: &Rows,

@@ -1,4 +1,7 @@
-//! The six tables and how their rows become Arrow record batches.
+//! The six tables as the collector buffers them ([`Rows`]) and how their rows become
+//! Arrow record batches. The table names and the rows of a `Batch` are
+//! `rankscope-proto`'s ([`Table`]); every match over the six kinds of buffered rows
+//! is in this module.
 //!
 //! Every table starts with the same three columns, `run_id`, `rank` and `seq` (the
 //! batch sequence number the row travelled in; 0 for rows the collector wrote
@@ -13,41 +16,11 @@ use arrow::array::{
 };
 use arrow::datatypes::{Field, Schema};
 use arrow::error::ArrowError;
-use rankscope_proto::v1::{EventRow, LayerRow, Mode, ModelRow, RankRow, RunRow, StepRow};
+use rankscope_proto::v1::{
+    Batch, EventRow, LayerRow, ModelRow, RankRow, RecordingMode, RunRow, StepRow,
+};
 
-/// A table of the output directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Table {
-    Runs,
-    Ranks,
-    Steps,
-    Layers,
-    Model,
-    Events,
-}
-
-impl Table {
-    pub const ALL: [Table; 6] = [
-        Table::Runs,
-        Table::Ranks,
-        Table::Steps,
-        Table::Layers,
-        Table::Model,
-        Table::Events,
-    ];
-
-    /// The folder name under the output directory.
-    pub fn name(self) -> &'static str {
-        match self {
-            Table::Runs => "runs",
-            Table::Ranks => "ranks",
-            Table::Steps => "steps",
-            Table::Layers => "layers",
-            Table::Model => "model",
-            Table::Events => "events",
-        }
-    }
-}
+pub use rankscope_proto::Table;
 
 /// A row with the origin the collector stamps on it.
 #[derive(Debug, Clone)]
@@ -68,6 +41,21 @@ pub enum Rows {
     Events(Vec<Stamped<EventRow>>),
 }
 
+/// Runs `$body` on the vector of rows whatever its table: the one place that
+/// lists the six variants for code that does not depend on the row type.
+macro_rules! each_table {
+    ($rows:expr, $v:ident => $body:expr) => {
+        match $rows {
+            Rows::Runs($v) => $body,
+            Rows::Ranks($v) => $body,
+            Rows::Steps($v) => $body,
+            Rows::Layers($v) => $body,
+            Rows::Model($v) => $body,
+            Rows::Events($v) => $body,
+        }
+    };
+}
+
 impl Rows {
     pub fn empty(table: Table) -> Rows {
         match table {
@@ -80,19 +68,76 @@ impl Rows {
         }
     }
 
-    pub fn len(&self) -> usize {
-        match self {
-            Rows::Runs(v) => v.len(),
-            Rows::Ranks(v) => v.len(),
-            Rows::Steps(v) => v.len(),
-            Rows::Layers(v) => v.len(),
-            Rows::Model(v) => v.len(),
-            Rows::Events(v) => v.len(),
+    /// The rows of every table of `batch`, stamped with their origin; tables the
+    /// batch has no rows for are left out.
+    pub fn split(batch: Batch, rank: u32, seq: u64) -> impl Iterator<Item = Rows> {
+        fn stamp<R>(rank: u32, seq: u64, rows: Vec<R>) -> Vec<Stamped<R>> {
+            rows.into_iter()
+                .map(|row| Stamped { rank, seq, row })
+                .collect()
         }
+        let Batch {
+            runs,
+            ranks,
+            steps,
+            layers,
+            model,
+            events,
+            ..
+        } = batch;
+        [
+            Rows::Runs(stamp(rank, seq, runs)),
+            Rows::Ranks(stamp(rank, seq, ranks)),
+            Rows::Steps(stamp(rank, seq, steps)),
+            Rows::Layers(stamp(rank, seq, layers)),
+            Rows::Model(stamp(rank, seq, model)),
+            Rows::Events(stamp(rank, seq, events)),
+        ]
+        .into_iter()
+        .filter(|rows| !rows.is_empty())
+    }
+
+    /// The table the rows belong to.
+    pub fn table(&self) -> Table {
+        match self {
+            Rows::Runs(_) => Table::Runs,
+            Rows::Ranks(_) => Table::Ranks,
+            Rows::Steps(_) => Table::Steps,
+            Rows::Layers(_) => Table::Layers,
+            Rows::Model(_) => Table::Model,
+            Rows::Events(_) => Table::Events,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        each_table!(self, v => v.len())
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The fixed in-memory size of the rows (strings not included).
+    pub fn fixed_bytes(&self) -> usize {
+        fn size<T>(v: &[T]) -> usize {
+            std::mem::size_of_val(v)
+        }
+        each_table!(self, v => size(v))
+    }
+
+    /// Appends `other`, which must hold rows of the same table; rows of another
+    /// table are given back.
+    pub fn extend(&mut self, other: Rows) -> Result<(), Rows> {
+        match (self, other) {
+            (Rows::Runs(a), Rows::Runs(b)) => a.extend(b),
+            (Rows::Ranks(a), Rows::Ranks(b)) => a.extend(b),
+            (Rows::Steps(a), Rows::Steps(b)) => a.extend(b),
+            (Rows::Layers(a), Rows::Layers(b)) => a.extend(b),
+            (Rows::Model(a), Rows::Model(b)) => a.extend(b),
+            (Rows::Events(a), Rows::Events(b)) => a.extend(b),
+            (_, other) => return Err(other),
+        }
+        Ok(())
     }
 
     /// Converts the rows to one record batch of `run_id`'s table.
@@ -188,7 +233,7 @@ impl Rows {
 }
 
 fn mode_label(mode: i32) -> &'static str {
-    Mode::try_from(mode).map_or("unknown", Mode::label)
+    RecordingMode::try_from(mode).map_or("unknown", RecordingMode::label)
 }
 
 /// Column builder: each call adds one named column, so a table's column list reads
@@ -259,6 +304,59 @@ impl Columns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The protocol, read as text so the test needs no descriptor machinery.
+    const PROTO: &str = include_str!("../../proto/proto/rankscope/v1/telemetry.proto");
+
+    /// The field names of `message`, in order.
+    fn proto_fields(message: &str) -> Vec<String> {
+        let opening = format!("message {message} {{");
+        let body = PROTO
+            .split_once(&opening)
+            .unwrap_or_else(|| panic!("no message {message} in the proto"))
+            .1;
+        let body = &body[..body.find('}').expect("message closes")];
+        body.lines()
+            .map(|line| line.split("//").next().unwrap_or("").trim())
+            .filter(|line| line.ends_with(';'))
+            .filter_map(|line| {
+                let before_eq = line.split('=').next()?.trim();
+                before_eq.split_whitespace().last().map(str::to_string)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parquet_columns_are_the_proto_fields() {
+        for table in Table::ALL {
+            let batch = Rows::empty(table).to_record_batch("r").unwrap();
+            let schema = batch.schema();
+            let mut columns: Vec<String> =
+                schema.fields().iter().map(|f| f.name().clone()).collect();
+            assert_eq!(&columns[..3], ["run_id", "rank", "seq"], "{}", table.name());
+            columns.drain(..3);
+            let mut fields = proto_fields(table.row_message());
+            assert!(!fields.is_empty(), "{}", table.row_message());
+            columns.sort();
+            fields.sort();
+            assert_eq!(
+                columns,
+                fields,
+                "table {} against message {}",
+                table.name(),
+                table.row_message()
+            );
+        }
+        // Every table travels in the Batch field of its name.
+        let batch_fields = proto_fields("Batch");
+        for table in Table::ALL {
+            assert!(
+                batch_fields.iter().any(|f| f == table.name()),
+                "{}",
+                table.name()
+            );
+        }
+    }
 
     #[test]
     fn every_table_converts_with_its_head_columns() {

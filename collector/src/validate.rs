@@ -2,14 +2,9 @@
 //! bounds or the filesystem. Every error names the bad value and the fix.
 
 use rankscope_proto::v1::{Batch, Hello};
-use rankscope_proto::{MAX_RUN_ID_LEN, SCHEMA_MAJOR};
-
-/// Longest layer name, event kind or other label accepted, in bytes.
-pub const MAX_LABEL_BYTES: usize = 256;
-/// Longest event message accepted, in bytes.
-pub const MAX_MESSAGE_BYTES: usize = 4096;
-/// Most rows of all tables in one batch.
-pub const MAX_ROWS_PER_BATCH: usize = 100_000;
+use rankscope_proto::{
+    MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES, MAX_ROWS_PER_BATCH, MAX_RUN_ID_LEN, SCHEMA_MAJOR,
+};
 
 /// Why a stream was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -65,12 +60,7 @@ pub fn hello(h: &Hello) -> Result<(), Invalid> {
 
 /// Checks the sizes and labels of a batch.
 pub fn batch(b: &Batch) -> Result<(), Invalid> {
-    let rows = b.steps.len()
-        + b.layers.len()
-        + b.runs.len()
-        + b.ranks.len()
-        + b.model.len()
-        + b.events.len();
+    let rows = b.rows();
     if rows > MAX_ROWS_PER_BATCH {
         return Err(Invalid::TooManyRows(rows));
     }
@@ -85,11 +75,11 @@ pub fn batch(b: &Batch) -> Result<(), Invalid> {
     }
     for e in &b.events {
         label("kind", &e.kind, MAX_LABEL_BYTES)?;
-        if e.message.len() > MAX_MESSAGE_BYTES {
+        if e.message.len() > MAX_EVENT_MESSAGE_BYTES {
             return Err(Invalid::TooLong {
                 field: "message",
                 len: e.message.len(),
-                max: MAX_MESSAGE_BYTES,
+                max: MAX_EVENT_MESSAGE_BYTES,
             });
         }
     }

@@ -125,7 +125,7 @@ fn rank0_mode_records_rank_zero_only() {
 }
 
 #[test]
-fn training_without_a_collector_finishes_and_reports_unsent_rows() {
+fn training_without_a_collector_finishes_and_reports_unacknowledged_rows() {
     // A port nothing listens on: bind, note it, close.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -149,8 +149,8 @@ fn training_without_a_collector_finishes_and_reports_unsent_rows() {
     assert!(stdout.contains("15 steps"), "{stdout}");
     assert!(stdout.contains("0 acknowledged"), "{stdout}");
     assert!(
-        !stdout.contains(" 0 unsent"),
-        "unsent rows are reported: {stdout}"
+        !stdout.contains(" 0 unacknowledged"),
+        "unacknowledged rows are reported: {stdout}"
     );
     assert!(stderr.contains("telemetry incomplete"), "{stderr}");
 }

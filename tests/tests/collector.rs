@@ -212,3 +212,24 @@ fn no_partial_file_is_ever_visible_to_a_glob() {
     );
     assert_eq!(count(dir.path(), "layers", ""), 4 * 300 * 4);
 }
+
+#[test]
+fn absurd_flags_are_refused_without_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value) in [
+        ("--max-file-age", "1e20"),
+        ("--rank-grace", "1e300m"),
+        ("--max-file-age", "ten"),
+    ] {
+        let output = std::process::Command::new(rankscope_tests::bin("rankscope"))
+            .args(["collector", "--listen", "127.0.0.1:0", "--out"])
+            .arg(dir.path())
+            .args([flag, value])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(value) && stderr.contains(flag), "{stderr}");
+    }
+}

@@ -270,7 +270,7 @@ async fn a_stalled_or_silent_stream_never_holds_up_the_others() {
         .await
         .expect("the healthy ranks finish while the others stall")
         .unwrap();
-    assert!(text.contains("0 unsent"), "{text}");
+    assert!(text.contains(" 0 unacknowledged"), "{text}");
     drop(silent);
     drop(stalled);
     assert!(collector.stop());

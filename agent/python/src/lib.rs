@@ -167,7 +167,8 @@ impl NativeAgent {
 
     /// `(activations sampled, of which dropped)` so far.
     fn samples(&self) -> (u64, u64) {
-        self.agent.samples()
+        let samples = self.agent.activation_samples();
+        (samples.taken, samples.dropped)
     }
 
     /// Flushes everything and waits (at most the finish timeout) for the collector to
@@ -329,10 +330,10 @@ impl NativeStep {
     }
 
     fn phase_end(&mut self) {
-        if let Some((phase, started)) = self.phase_started.take() {
-            if let Some(guard) = &self.guard {
-                guard.add_phase_ms(phase, started.elapsed().as_secs_f64() * 1e3);
-            }
+        if let Some((phase, started)) = self.phase_started.take()
+            && let Some(guard) = &self.guard
+        {
+            guard.add_phase_ms(phase, started.elapsed().as_secs_f64() * 1e3);
         }
     }
 }
@@ -424,12 +425,12 @@ impl From<FinishReport> for Report {
     fn from(r: FinishReport) -> Report {
         Report {
             complete: r.complete(),
-            rows_sent: r.rows_sent,
+            rows_sent: r.rows_queued,
             rows_acked: r.rows_acked,
             rows_dropped: r.rows_dropped,
-            rows_unsent: r.rows_unsent,
+            rows_unsent: r.rows_unacked,
             rows_spilled: r.rows_spilled,
-            spill_dir: r.spill_dir.map(|d| d.display().to_string()),
+            spill_dir: r.rank_spill_dir.map(|d| d.display().to_string()),
             connected: r.connected,
         }
     }
@@ -452,13 +453,15 @@ fn init(
     workload: Option<String>,
 ) -> PyResult<NativeAgent> {
     init_logging();
-    let mut builder = AgentConfigBuilder::default();
-    builder.collector = collector;
-    builder.run_id = run_id;
-    builder.sample_every = sample_every;
-    builder.layers = layers;
-    builder.max_rows = max_rows;
-    builder.workload = Some(workload.unwrap_or_else(|| "python".into()));
+    let mut builder = AgentConfigBuilder {
+        collector,
+        run_id,
+        sample_every,
+        layer_filter: layers,
+        max_rows,
+        workload: Some(workload.unwrap_or_else(|| "python".into())),
+        ..Default::default()
+    };
     let config = match mode.as_deref().map(|m| (m, Mode::parse(m))) {
         Some((text, None)) => {
             return Err(ConfigError::new_err(format!(

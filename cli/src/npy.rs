@@ -1,5 +1,5 @@
-//! Reading and writing NumPy `.npy` files, so that `rankscope spectrum FILE.npy` can measure a
-//! matrix saved from anywhere, and tests can round-trip one.
+//! Reading NumPy `.npy` files, so that `rankscope spectrum FILE.npy` can measure a matrix
+//! saved from anywhere (the tests write files to round-trip them).
 //!
 //! # Format (NumPy's `format.py`, versions 1.0, 2.0 and 3.0)
 //!
@@ -20,14 +20,15 @@
 //! - The header is parsed by hand and validated before any data is read: the data must be
 //!   exactly shape × item size bytes long, so a hostile or truncated file gives an error and
 //!   never a panic or an allocation larger than the file (times 8 for one-byte types).
-//! - Write: any real tensor, converted to float64, as `'<f8'` version 1.0 (2.0 only if the
-//!   header would not fit), with the header padded to a multiple of 64 bytes as NumPy does.
+//! - The tests' writer: any real tensor, converted to float64, as `'<f8'` version 1.0 (2.0
+//!   only if the header would not fit), with the header padded to a multiple of 64 bytes as
+//!   NumPy does.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use tch::{Device, Kind, TchError, Tensor};
+use tch::{TchError, Tensor};
 
 const MAGIC: &[u8; 6] = b"\x93NUMPY";
 /// Far above any real header (NumPy itself refuses more than 10 000 bytes by default).
@@ -35,13 +36,11 @@ const MAX_HEADER_BYTES: u64 = 1 << 20;
 /// NumPy's own limit on the number of dimensions.
 const MAX_DIMS: usize = 64;
 
-/// What can go wrong reading or writing a `.npy` file; every message names the file.
+/// What can go wrong reading a `.npy` file; every message names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum NpyError {
     #[error("cannot read {}: {source}", .path.display())]
     Read { path: PathBuf, source: io::Error },
-    #[error("cannot write {}: {source}", .path.display())]
-    Write { path: PathBuf, source: io::Error },
     #[error("{} is not a .npy file (it does not start with \\x93NUMPY): save the array with numpy.save", .path.display())]
     BadMagic { path: PathBuf },
     #[error("{} uses .npy format version {major}.{minor}; versions 1.0, 2.0 and 3.0 are supported", .path.display())]
@@ -179,64 +178,6 @@ pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {
             path: path.to_path_buf(),
             source,
         })
-}
-
-/// Writes a tensor as a `'<f8'` `.npy` file that `numpy.load` reads back; any real kind is
-/// converted to float64 and any device's data is copied to the host.
-pub fn write_npy(path: &Path, tensor: &Tensor) -> Result<(), NpyError> {
-    let tensor_err = |source| NpyError::Tensor {
-        path: path.to_path_buf(),
-        source,
-    };
-    if !tensor.defined() {
-        return Err(tensor_err(TchError::Convert(
-            "the tensor is undefined".to_string(),
-        )));
-    }
-    let shape = tensor.size();
-    let flat = tensor
-        .f_to_device(Device::Cpu)
-        .and_then(|t| t.f_to_kind(Kind::Double))
-        .and_then(|t| t.f_reshape([-1]))
-        .and_then(|t| Vec::<f64>::try_from(&t))
-        .map_err(tensor_err)?;
-
-    let dims: Vec<String> = shape.iter().map(i64::to_string).collect();
-    let tuple = match dims.len() {
-        1 => format!("({},)", dims[0]),
-        _ => format!("({})", dims.join(", ")),
-    };
-    let mut header = format!("{{'descr': '<f8', 'fortran_order': False, 'shape': {tuple}, }}");
-    let (version, len_bytes) = if header.len() + 11 <= usize::from(u16::MAX) {
-        (1u8, 2)
-    } else {
-        (2u8, 4)
-    };
-    // Pad with spaces so that the data starts on a 64-byte boundary, then end with '\n'.
-    let unpadded = MAGIC.len() + 2 + len_bytes + header.len() + 1;
-    header.push_str(&" ".repeat((64 - unpadded % 64) % 64));
-    header.push('\n');
-
-    let write_err = |source| NpyError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut out = BufWriter::new(File::create(path).map_err(write_err)?);
-    let mut write = || -> io::Result<()> {
-        out.write_all(MAGIC)?;
-        out.write_all(&[version, 0])?;
-        if version == 1 {
-            out.write_all(&(header.len() as u16).to_le_bytes())?;
-        } else {
-            out.write_all(&(header.len() as u32).to_le_bytes())?;
-        }
-        out.write_all(header.as_bytes())?;
-        for value in &flat {
-            out.write_all(&value.to_le_bytes())?;
-        }
-        out.flush()
-    };
-    write().map_err(write_err)
 }
 
 /// Reads until `buf` is full or the file ends; returns the bytes read.
@@ -502,6 +443,48 @@ impl Dtype {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufWriter, Write};
+    use tch::{Device, Kind};
+
+    /// Writes a tensor as a `'<f8'` `.npy` file that `numpy.load` reads back; any real kind
+    /// is converted to float64 and any device's data is copied to the host.
+    fn write_npy(path: &Path, tensor: &Tensor) -> io::Result<()> {
+        let shape = tensor.size();
+        let flat = tensor
+            .f_to_device(Device::Cpu)
+            .and_then(|t| t.f_to_kind(Kind::Double))
+            .and_then(|t| t.f_reshape([-1]))
+            .and_then(|t| Vec::<f64>::try_from(&t))
+            .map_err(io::Error::other)?;
+        let dims: Vec<String> = shape.iter().map(i64::to_string).collect();
+        let tuple = match dims.len() {
+            1 => format!("({},)", dims[0]),
+            _ => format!("({})", dims.join(", ")),
+        };
+        let mut header = format!("{{'descr': '<f8', 'fortran_order': False, 'shape': {tuple}, }}");
+        let (version, len_bytes) = if header.len() + 11 <= usize::from(u16::MAX) {
+            (1u8, 2)
+        } else {
+            (2u8, 4)
+        };
+        // Pad with spaces so that the data starts on a 64-byte boundary, then end with '\n'.
+        let unpadded = MAGIC.len() + 2 + len_bytes + header.len() + 1;
+        header.push_str(&" ".repeat((64 - unpadded % 64) % 64));
+        header.push('\n');
+        let mut out = BufWriter::new(File::create(path)?);
+        out.write_all(MAGIC)?;
+        out.write_all(&[version, 0])?;
+        if version == 1 {
+            out.write_all(&(header.len() as u16).to_le_bytes())?;
+        } else {
+            out.write_all(&(header.len() as u32).to_le_bytes())?;
+        }
+        out.write_all(header.as_bytes())?;
+        for value in &flat {
+            out.write_all(&value.to_le_bytes())?;
+        }
+        out.flush()
+    }
 
     /// A `.npy` file built byte by byte, independently of [`write_npy`].
     fn npy_bytes(version: u8, header: &str, data: &[u8]) -> Vec<u8> {
