@@ -380,7 +380,7 @@ mod tests {
         );
         assert!(e.persistence > 0.9, "{e:?}");
         assert!((e.phase_excess_ms - 12.0).abs() < 1.5, "{e:?}");
-        println!("{}", d.message);
+        println!("{}", serde_json::to_string(&d).unwrap());
     }
 
     #[test]
