@@ -141,9 +141,10 @@ fn table(d: &Detection) -> String {
         n => format!("{n} jumps"),
     };
     text += &format!(
-        "{found} in {} points (noise {:.6}, threshold |z| >= {:.2}, {} spike{} ignored)\n",
+        "{found} in {} points (noise {:.6}, lag-1 correlation {:.2}, threshold |z| >= {:.2}, {} spike{} ignored)\n",
         d.points,
         d.noise,
+        d.correlation,
         d.threshold_z,
         d.spikes,
         if d.spikes == 1 { "" } else { "s" }

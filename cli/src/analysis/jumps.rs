@@ -10,7 +10,12 @@
 //!    (each point against the straight line through its two neighbours, scaled to
 //!    unit variance). A linear trend cancels exactly in them, even with uneven
 //!    steps, and a jump touches only two of them, so neither drift nor jumps
-//!    inflate σ̂.
+//!    inflate σ̂. Correlated noise (a metric averaged over overlapping batches)
+//!    would make a window's mean vary more than σ̂ says, so the lag-1
+//!    autocorrelation φ̂ is estimated from the first differences
+//!    ([`noise_correlation`]) and, for AR(1) noise, σ̂ is corrected for what the
+//!    pseudo-residuals miss and the test uses the long-run scale
+//!    σ̂·√((1 + φ̂)/(1 − φ̂)).
 //! 2. **Spikes.** A point more than `spike_z`·σ̂ away from the median of the 7
 //!    points around it is replaced by that median (a Hampel filter). A median is
 //!    edge-preserving, so a level shift survives; a one-to-three-point spike
@@ -43,12 +48,12 @@
 //! (`jumps_validity`) measure it, with the recall on planted jumps.
 //!
 //! **Assumptions** (where the control weakens): the signal is locally linear
-//! within a window, and the noise is independent from point to point. A change
+//! within a window, and the noise is independent from point to point or AR(1)
+//! (other correlation is only corrected to its lag-1 part). A change
 //! of slope by Δb per point *inside* a window (not at its boundary) biases D by up
 //! to 4.45·Δb (window 30, worst position), that is |z| up to 8.6·Δb/σ: a kink
 //! sharper than about 0.3σ per point can be reported as a jump next to it (NDT's
-//! drift fixture has a slope of 0.083σ per step). Positively correlated
-//! noise (a smoothed metric) makes σ̂ too small, and heavy tails beyond what the
+//! drift fixture has a slope of 0.083σ per step). Heavy tails beyond what the
 //! spike filter removes raise the false-alarm rate.
 //!
 //! Each jump also carries a **confidence**: 1 − the probability that noise alone
@@ -129,8 +134,11 @@ pub struct Jump {
 #[derive(Clone, Debug, Serialize)]
 pub struct Detection {
     pub jumps: Vec<Jump>,
-    /// σ̂, in the series' units.
+    /// σ̂, in the series' units: the noise of one point.
     pub noise: f64,
+    /// φ̂: the noise's estimated lag-1 autocorrelation (0 when independent or
+    /// negative), which widens the test.
+    pub correlation: f64,
     /// c: the |z| a boundary needs to be a jump.
     pub threshold_z: f64,
     /// Points in the series.
@@ -198,11 +206,18 @@ pub fn detect(points: &[(u64, f64)], config: &JumpConfig) -> Result<Detection, S
     let xs: Vec<f64> = points.iter().map(|p| p.0 as f64).collect();
     let raw: Vec<f64> = points.iter().map(|p| p.1).collect();
     let threshold_z = stats::two_sided_quantile(config.false_alarm_rate);
-    let noise = noise_scale(&xs, &raw);
+    let correlation = noise_correlation(&raw);
+    let phi = correlation;
+    // For AR(1) noise the pseudo-residuals see a variance of 1 + φ²/3 − 4φ/3
+    // times the noise's, and a sum over a window the long-run variance,
+    // (1 + φ) / (1 − φ) times it.
+    let noise = noise_scale(&xs, &raw) / (1.0 + phi * phi / 3.0 - 4.0 * phi / 3.0).sqrt();
+    let long_run = ((1.0 + phi) / (1.0 - phi)).sqrt();
     let (ys, spikes) = despike(&raw, noise, config.spike_z);
     let mut detection = Detection {
         jumps: Vec::new(),
         noise,
+        correlation,
         threshold_z,
         points: n,
         spikes,
@@ -215,6 +230,7 @@ pub fn detect(points: &[(u64, f64)], config: &JumpConfig) -> Result<Detection, S
         xs: &xs,
         ys: &ys,
         noise,
+        long_run,
         window: config.window.max(min_side),
         min_side,
     };
@@ -307,6 +323,7 @@ struct Scan<'a> {
     xs: &'a [f64],
     ys: &'a [f64],
     noise: f64,
+    long_run: f64,
     window: usize,
     min_side: usize,
 }
@@ -336,7 +353,7 @@ impl Scan<'_> {
         // another jump) widens its own test: σ is the larger of σ̂ and the fits'
         // pooled residual scale.
         let local = ((l_rss + r_rss) / (l.len() + r.len() - 4.0).max(1.0)).sqrt();
-        let sigma = self.noise.max(local);
+        let sigma = self.noise.max(local) * self.long_run;
         let sd = sigma * (l.variance_factor_at(at) + r.variance_factor_at(at)).sqrt();
         let delta = after - before;
         Some(Test {
@@ -383,6 +400,37 @@ pub fn noise_scale(xs: &[f64], ys: &[f64]) -> f64 {
     let mean_abs =
         residuals.iter().map(|r| (r - centre).abs()).sum::<f64>() / residuals.len() as f64;
     (mean_abs * (std::f64::consts::PI / 2.0).sqrt()).max(negligible)
+}
+
+/// φ̂, the lag-1 autocorrelation of the noise, from its first differences: for
+/// AR(1) noise their lag-1 correlation is −(1 − φ)/2, whatever a linear trend
+/// (the median difference is removed). Differences beyond 4 MADs (jumps, spikes)
+/// are clipped. The estimate is lowered by 1.645 of its standard errors and
+/// clamped to 0–0.9: anticorrelated noise is treated as independent, which keeps
+/// the test conservative.
+pub fn noise_correlation(ys: &[f64]) -> f64 {
+    if ys.len() < 10 {
+        return 0.0;
+    }
+    let d: Vec<f64> = ys.windows(2).map(|w| w[1] - w[0]).collect();
+    let (Some(m), Some(s)) = (stats::median(&d), stats::mad(&d)) else {
+        return 0.0;
+    };
+    if s <= 0.0 {
+        return 0.0;
+    }
+    let u: Vec<f64> = d.iter().map(|v| (v - m).clamp(-4.0 * s, 4.0 * s)).collect();
+    let (num, den) = u
+        .windows(2)
+        .fold((0.0, 0.0), |(n, d), w| (n + w[0] * w[1], d + w[1] * w[1]));
+    if den <= 0.0 {
+        return 0.0;
+    }
+    // Under independent noise the estimate's standard error is √(2/n) (Bartlett);
+    // only the part above 1.645 standard errors counts, so independent noise is
+    // taken as such 95 % of the time and the test keeps its power.
+    let se = (2.0 / d.len() as f64).sqrt();
+    (1.0 + 2.0 * num / den - 1.645 * se).clamp(0.0, 0.9)
 }
 
 /// The Hampel filter of step 2: returns the filtered series and how many points
