@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use crate::analysis::jumps::{self, Detection, JumpConfig};
+use anyhow::Context;
 
 /// Find jumps (sudden level shifts) in one series.
 #[derive(clap::Args, Clone, Debug)]
