@@ -12,15 +12,21 @@
 //! - `train` and `workloads`: `rankscope train` and its example models;
 //! - `demo`: `rankscope demo`, the README's `make demo`;
 //! - `spectrum` and `npy`: `rankscope spectrum`, metrics of a saved `.npy` matrix;
+//! - `jumps_cmd`: `rankscope jumps`, change points in one series;
 //! - `bench`: `rankscope bench`, the agent's overhead for BENCHMARKS.md;
-//! - `duration`: the `10s` / `500ms` argument parser.
+//! - `duration`: the `10s` / `500ms` argument parser;
+//! - [`analysis`]: the jump detector and the run diagnoses, as pure functions over
+//!   plain structs (no file formats, no query engine), for `jumps` and for anything
+//!   that reports on or compares runs.
 
+pub mod analysis;
 #[cfg(feature = "torch")]
 mod bench;
 mod collector_cmd;
 #[cfg(feature = "torch")]
 mod demo;
 mod duration;
+mod jumps_cmd;
 mod launch;
 mod loadgen;
 #[cfg(feature = "torch")]
@@ -46,6 +52,7 @@ use clap::{Parser, Subcommand};
   rankscope collector --out ./rankscope-out       # the central collector
   rankscope launch --nproc-per-node 4 -- rankscope train --model cnn
   rankscope loadgen --ranks 8 --steps 100 --layers 12 --collector 127.0.0.1:50051
+  rankscope jumps fc1_stable_rank.csv             # level shifts in a step,value series
   duckdb -c \"select rank, count(*) from read_parquet('rankscope-out/steps/*/*.parquet', hive_partitioning=true) group by rank\"
 
 Logs: RANKSCOPE_LOG=debug (tracing's env-filter syntax)."
@@ -62,6 +69,7 @@ enum Command {
     Launch(launch::Args),
     Replay(replay::Args),
     Summary(summary::Args),
+    Jumps(jumps_cmd::Args),
     #[cfg(feature = "torch")]
     Train(train::Args),
     #[cfg(feature = "torch")]
@@ -97,6 +105,7 @@ where
         Command::Launch(args) => launch::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Summary(args) => summary::run(args),
+        Command::Jumps(args) => jumps_cmd::run(args),
         #[cfg(feature = "torch")]
         Command::Train(args) => train::run(args),
         #[cfg(feature = "torch")]

@@ -1,0 +1,15 @@
+//! The analysis core: change points in a series and diagnoses of a run, as pure
+//! functions over plain structs, so `jumps`, a report and a run comparison share
+//! them whatever reads the data.
+//!
+//! Layout:
+//! - `stats`: normal tails, robust scale, least-squares lines, the binomial tail;
+//! - `jumps`: the jump (change-point) detector and its false-alarm control;
+//! - `validity`: the detector's fixtures and scoring, modelled on NDT's harness;
+//! - `diagnoses`: what went wrong in a run, with thresholds and evidence.
+
+pub mod diagnoses;
+pub mod jumps;
+pub mod stats;
+#[cfg(test)]
+pub mod validity;
