@@ -15,6 +15,15 @@ use crate::duration;
   rankscope collector --out /data/rankscope --min-free-bytes 10737418240   # keep 10 GiB free
   rankscope collector --listen 0.0.0.0:50051 --token-file token.txt \
       --tls-cert server.pem --tls-key server.key --tls-client-ca ca.pem   # mutual TLS
+  rankscope collector --out /data/rankscope --http 127.0.0.1:9464   # Prometheus, health
+
+With --http ADDR it also serves, over plain HTTP: GET /metrics (Prometheus
+figures: rows and batches received, duplicates, refusals by reason, commit
+durations, buffer bytes, open streams, rows per run, free disk), GET /healthz
+(200 while the process runs) and GET /readyz (200 while it accepts batches, 503
+while it drains or its disk is below --min-free-bytes). The gRPC port always
+serves the standard health service (grpc.health.v1.Health), with the same
+readiness.
 
 Files appear as OUT/<table>/run_id=<run>/part-*.parquet (tables: runs, ranks, steps,
 layers, model, events). On SIGTERM or Ctrl-C the collector commits and acknowledges
@@ -61,6 +70,11 @@ pub struct Args {
     /// so they land once space is freed.
     #[arg(long, default_value_t = rankscope_collector::space::DEFAULT_MIN_FREE_BYTES)]
     pub min_free_bytes: u64,
+    /// Serve /metrics (Prometheus), /healthz and /readyz over plain HTTP on this
+    /// address (port 0 picks a free port). Off by default; no TLS and no token,
+    /// so bind it to loopback or a monitoring network.
+    #[arg(long, value_name = "ADDR", env = "RANKSCOPE_HTTP")]
+    pub http: Option<SocketAddr>,
 }
 
 impl Args {
@@ -119,7 +133,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if !addr.ip().is_loopback() && args.token_file.is_none() && args.tls_client_ca.is_none() {
             tracing::warn!(%addr, "listening beyond loopback with no --token-file and no --tls-client-ca: anyone who reaches this port can write");
         }
-        let summary = rankscope_collector::serve(listener, config, shutdown)
+        let http = match args.http {
+            Some(http) => {
+                let listener = tokio::net::TcpListener::bind(http)
+                    .await
+                    .with_context(|| format!("cannot listen on --http {http}: is the port in use? choose another"))?;
+                // Tests and scripts read this second line to find a port chosen with :0.
+                println!("rankscope collector ops on http://{} (/metrics, /healthz, /readyz)", listener.local_addr()?);
+                Some(listener)
+            }
+            None => None,
+        };
+        let summary = rankscope_collector::serve_with_http(listener, http, config, shutdown)
             .await
             .with_context(|| format!("collector writing to {} failed", args.out.display()))?;
         println!(

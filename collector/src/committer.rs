@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
 
 use crate::intake::Intake;
@@ -26,13 +27,27 @@ pub struct CommitPolicy {
     pub rank_grace: Duration,
 }
 
-/// Counters of what was committed, reported at shutdown.
-#[derive(Debug, Default)]
+/// Counters of what was committed, reported at shutdown and on `/metrics`.
+#[derive(Debug)]
 pub struct CommitCounters {
     pub commits: AtomicU64,
     pub files: AtomicU64,
     pub rows: AtomicU64,
     pub failures: AtomicU64,
+    /// Seconds each successful commit took.
+    pub duration: Histogram,
+}
+
+impl Default for CommitCounters {
+    fn default() -> CommitCounters {
+        CommitCounters {
+            commits: AtomicU64::new(0),
+            files: AtomicU64::new(0),
+            rows: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            duration: crate::ops::metrics::commit_duration_histogram(),
+        }
+    }
 }
 
 const TICK: Duration = Duration::from_millis(100);
@@ -95,6 +110,7 @@ async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &Commit
         return true;
     }
     let store = store.clone();
+    let started = std::time::Instant::now();
     let result = tokio::task::spawn_blocking(move || {
         let summary = store.commit(&pending);
         (pending, summary)
@@ -104,6 +120,7 @@ async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &Commit
         Ok((pending, Ok(summary))) => {
             intake.mark_durable(pending.watermarks());
             counters.commits.fetch_add(1, Ordering::Relaxed);
+            counters.duration.observe(started.elapsed().as_secs_f64());
             counters
                 .files
                 .fetch_add(summary.files as u64, Ordering::Relaxed);

@@ -17,6 +17,8 @@
 //! - [`committer`]: when buffered rows become files;
 //! - [`store`]: the output directory, atomic commits and crash recovery;
 //! - [`space`]: free space on the output filesystem, the `--min-free-bytes` floor;
+//! - [`ops`]: `/metrics`, `/healthz` and `/readyz` (`--http`) and the gRPC health
+//!   service;
 //! - `fuzzing` (only with the `fuzzing` feature, and in unit tests): what the
 //!   collector runs on one message's bytes, as plain functions that assert their
 //!   contract, for the fuzz targets (`fuzz/`).
@@ -28,6 +30,7 @@ pub mod committer;
 pub mod fuzzing;
 pub mod grpc;
 pub mod intake;
+pub mod ops;
 pub mod service;
 pub mod space;
 pub mod store;
@@ -43,6 +46,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::committer::{CommitCounters, CommitPolicy};
@@ -141,6 +145,18 @@ pub async fn serve(
     config: CollectorConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<ServeSummary, CollectorError> {
+    serve_with_http(listener, None, config, shutdown).await
+}
+
+/// [`serve`], plus the ops endpoints (`/metrics`, `/healthz`, `/readyz`) on
+/// `http` when given. They answer through the drain (`/readyz` then says 503)
+/// and stop once the gRPC server has stopped.
+pub async fn serve_with_http(
+    listener: TcpListener,
+    http: Option<TcpListener>,
+    config: CollectorConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<ServeSummary, CollectorError> {
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &config.tls {
         builder = builder
@@ -171,15 +187,43 @@ pub async fn serve(
         commit_counters.clone(),
     ));
     let space = Arc::new(space::SpaceGuard::new(&config.out, config.min_free_bytes));
+    let readiness = ops::Readiness::new(phase_rx.clone(), space.clone());
     let service = CollectorService::new(
-        intake,
+        intake.clone(),
         space,
         phase_rx.clone(),
         config.max_streams,
         stream_counters.clone(),
     );
+    let (http_stop, http_task) = match http {
+        Some(listener) => {
+            let figures = ops::metrics::Figures {
+                streams: stream_counters.clone(),
+                commits: commit_counters.clone(),
+                intake,
+                open_streams: service.open_streams(),
+                readiness: readiness.clone(),
+                out: config.out.clone(),
+                max_pending_bytes: config.max_pending_bytes,
+                min_free_bytes: config.min_free_bytes,
+            };
+            let endpoints = ops::http::Endpoints::new(figures.registry(), readiness.clone());
+            let (stop, stopped) = watch::channel(false);
+            let task = tokio::spawn(ops::http::serve(listener, endpoints, stopped));
+            (Some(stop), Some(task))
+        }
+        None => (None, None),
+    };
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let health_task = tokio::spawn(ops::report_grpc_health(health_reporter, readiness));
     let server = CollectorServer::new(service, config.max_message_bytes);
-    let server = InterceptedService::new(server, auth::BearerToken::new(config.token.clone()));
+    let mut token = auth::BearerToken::new(config.token.clone());
+    let counters = stream_counters.clone();
+    let server = InterceptedService::new(server, move |request| {
+        token.call(request).inspect_err(|_| {
+            counters.refuse(ops::metrics::Refusal::Unauthenticated);
+        })
+    });
     let mut drained = phase_rx;
     let shutdown = async move {
         shutdown.await;
@@ -190,10 +234,16 @@ pub async fn serve(
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     builder
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .add_service(health_service)
         .add_service(server)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     let _ = committer.await;
+    let _ = health_task.await;
+    if let (Some(stop), Some(task)) = (http_stop, http_task) {
+        let _ = stop.send(true);
+        let _ = task.await;
+    }
     let s = &stream_counters;
     let c = &commit_counters;
     let summary = ServeSummary {

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::buffer::RankKey;
 use crate::intake::{Admission, Intake};
+use crate::ops::metrics::{BatchRows, Refusal, RefusalCounts, RowCounts};
 use crate::space::SpaceGuard;
 use crate::validate::{self, Invalid};
 
@@ -39,6 +40,18 @@ pub struct StreamCounters {
     pub batches: AtomicU64,
     pub duplicates: AtomicU64,
     pub refused: AtomicU64,
+    /// `refused`, by reason.
+    pub refusals: RefusalCounts,
+    /// Rows of accepted batches, per table and per run.
+    pub rows: RowCounts,
+}
+
+impl StreamCounters {
+    /// Counts one refused stream or batch.
+    pub fn refuse(&self, reason: Refusal) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.refusals.add(reason);
+    }
 }
 
 /// Where the collector is in its life, as streams see it.
@@ -78,6 +91,11 @@ impl CollectorService {
             max_streams,
             counters,
         }
+    }
+
+    /// The number of streams open now (for `/metrics`).
+    pub fn open_streams(&self) -> Arc<AtomicUsize> {
+        self.open_streams.clone()
     }
 }
 
@@ -123,6 +141,7 @@ impl Collector for CollectorService {
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Outbound>, Status> {
         if *self.phase.borrow() != Phase::Serving {
+            self.counters.refuse(Refusal::ShuttingDown);
             return Err(Status::unavailable(
                 "collector is shutting down; retry later",
             ));
@@ -130,7 +149,7 @@ impl Collector for CollectorService {
         let open = self.open_streams.fetch_add(1, Ordering::Relaxed) + 1;
         let slot = Slot(self.open_streams.clone());
         if open > self.max_streams {
-            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            self.counters.refuse(Refusal::TooManyStreams);
             return Err(Status::resource_exhausted(format!(
                 "too many streams: {} are open (limit {}); raise --max-streams",
                 open - 1,
@@ -139,23 +158,31 @@ impl Collector for CollectorService {
         }
         let mut inbound = request.into_inner();
         let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
-            Err(_) => return Err(Status::deadline_exceeded("no Hello within 10 s")),
+            Err(_) => {
+                self.counters.refuse(Refusal::NoHello);
+                return Err(Status::deadline_exceeded("no Hello within 10 s"));
+            }
             Ok(Err(status)) => {
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                if let Some(reason) = Refusal::of_read_error(status.code()) {
+                    self.counters.refuse(reason);
+                }
                 return Err(from_agent(status));
             }
             Ok(Ok(Some(AgentMessage {
                 kind: Some(AgentKind::Hello(hello)),
             }))) => hello,
             Ok(Ok(_)) => {
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                self.counters.refuse(Refusal::Malformed);
                 return Err(Status::invalid_argument(
                     "the first message of a stream must be a Hello",
                 ));
             }
         };
         if let Err(invalid) = validate::hello(&hello) {
-            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            self.counters.refuse(match invalid {
+                Invalid::Schema(_) => Refusal::Schema,
+                _ => Refusal::Invalid,
+            });
             tracing::warn!(error = %invalid, "refused stream");
             return Err(refuse(invalid));
         }
@@ -244,12 +271,13 @@ impl StreamTask {
                 _ = until(&mut phase, |p| p != Phase::Serving) => Next::Drain,
             };
             match next {
-                Next::Message(message) => match message.map_err(|s| self.refused(from_agent(s)))? {
+                Next::Message(message) => match message.map_err(|s| self.refused(s))? {
                     None => return Ok(()),
                     Some(AgentMessage {
                         kind: Some(AgentKind::Batch(batch)),
                     }) => self.batch(batch).await?,
                     Some(_) => {
+                        self.counters.refuse(Refusal::Malformed);
                         return Err(Status::invalid_argument(
                             "expected a Batch: a stream carries one Hello, first",
                         ));
@@ -261,37 +289,37 @@ impl StreamTask {
         }
     }
 
-    /// Counts a status that refuses what the agent sent (not a disconnect).
+    /// Counts a failure to read what the agent sent, unless it is a disconnect,
+    /// and words it for the agent ([`from_agent`]).
     fn refused(&self, status: Status) -> Status {
-        if matches!(
-            status.code(),
-            tonic::Code::InvalidArgument | tonic::Code::OutOfRange
-        ) {
-            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        if let Some(reason) = Refusal::of_read_error(status.code()) {
+            self.counters.refuse(reason);
         }
-        status
+        from_agent(status)
     }
 
     async fn batch(&mut self, batch: Batch) -> Result<(), Status> {
         validate::batch(&batch).map_err(|invalid| {
-            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            self.counters.refuse(Refusal::Invalid);
             refuse(invalid)
         })?;
         self.space.check().map_err(|low| {
-            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            self.counters.refuse(Refusal::LowDisk);
             Status::resource_exhausted(low.to_string())
         })?;
         let (seq, is_final) = (batch.seq, batch.r#final);
+        let rows = BatchRows::of(&batch);
         let mut waited = Duration::ZERO;
         let mut batch = batch;
         loop {
-            let admission = self
-                .intake
-                .admit(&self.key, batch)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let admission = self.intake.admit(&self.key, batch).map_err(|e| {
+                self.counters.refuse(Refusal::Invalid);
+                Status::invalid_argument(e.to_string())
+            })?;
             match admission {
                 Admission::Accepted => {
                     self.counters.batches.fetch_add(1, Ordering::Relaxed);
+                    self.counters.rows.add(&self.key.0, rows);
                     break;
                 }
                 Admission::Duplicate => {
@@ -299,6 +327,7 @@ impl StreamTask {
                     break;
                 }
                 Admission::Full(_) if waited >= FULL_WAIT => {
+                    self.counters.refuse(Refusal::BufferFull);
                     return Err(Status::unavailable(
                         "collector buffer is full because commits are failing or slow (see its log); resend later",
                     ));

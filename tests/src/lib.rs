@@ -89,6 +89,8 @@ pub fn tool(name: &str) -> PathBuf {
 /// A collector process on 127.0.0.1 with a port of its own.
 pub struct CollectorProc {
     pub addr: String,
+    /// The `--http` ops address (`127.0.0.1:PORT`), when started with `--http`.
+    pub http: Option<String>,
     pub out: PathBuf,
     child: Child,
     /// Where its stderr (the log) goes, when captured.
@@ -138,10 +140,22 @@ impl CollectorProc {
             .unwrap_or_else(|| panic!("no address in {first:?}"))
             .trim_end_matches(',')
             .to_string();
+        // With --http, the second line names the ops address.
+        let http = args.contains(&"--http").then(|| {
+            let line = lines
+                .next()
+                .expect("collector printed its ops address")
+                .expect("utf-8");
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix("http://"))
+                .unwrap_or_else(|| panic!("no http:// address in {line:?}"))
+                .to_string()
+        });
         // Keep draining stdout so the collector never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         CollectorProc {
             addr,
+            http,
             out: out.to_path_buf(),
             child,
             log: log.map(Path::to_path_buf),
