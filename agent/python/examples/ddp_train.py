@@ -202,6 +202,10 @@ def main() -> int:
         if args.result:
             with open(args.result, "w") as f:
                 json.dump(result, f)
+    sys.stdout.flush()
+    # Every rank done with gloo before any tears it down (an early teardown can abort
+    # a peer still in its last collective).
+    dist.barrier()
     dist.destroy_process_group()
     return 0 if in_sync else 3
 
