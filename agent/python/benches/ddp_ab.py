@@ -29,6 +29,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parent / "examples" / "ddp_train.py"
 
+RETRIES: list[int] = []
+
 CONFIGS = [
     ("off", {"RANKSCOPE_MODE": "off"}),
     ("off again (noise floor)", {"RANKSCOPE_MODE": "off"}),
@@ -49,7 +51,7 @@ def start_collector(out: Path) -> tuple[subprocess.Popen, str]:
     return proc, addr
 
 
-def one_run(args, env_extra: dict, collector: str, result: Path) -> dict:
+def one_run(args, nproc: int, env_extra: dict, collector: str, result: Path) -> dict:
     env = {
         **os.environ,
         "RANKSCOPE_COLLECTOR": collector,
@@ -59,26 +61,34 @@ def one_run(args, env_extra: dict, collector: str, result: Path) -> dict:
     }
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(args.nproc), str(EXAMPLE),
+        "--nproc-per-node", str(nproc), str(EXAMPLE),
         "--steps", str(args.steps), "--result", str(result),
     ]
-    subprocess.run(cmd, env=env, check=True, capture_output=True)
-    return json.loads(result.read_text())
+    for attempt in (1, 2):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode == 0:
+            return json.loads(result.read_text())
+        # Say what failed, and try once more: a benchmark round is not a test.
+        tail = "\n".join(done.stderr.splitlines()[-15:])
+        print(f"run failed (exit {done.returncode}, attempt {attempt}):\n{tail}", file=sys.stderr)
+        RETRIES.append(done.returncode)
+    raise SystemExit(f"torchrun failed twice: {' '.join(cmd)}")
 
 
-def ab(args, addr: str, tmp: Path) -> list[str]:
-    lines = []
+def ab(args, nproc: int, addr: str, tmp: Path) -> list[str]:
+    lines = [""]
     times: dict[str, list[float]] = {name: [] for name, _ in CONFIGS}
     for round_ in range(args.rounds):
         order = CONFIGS[round_ % len(CONFIGS):] + CONFIGS[: round_ % len(CONFIGS)]
         for name, env in order:
-            r = one_run(args, env, addr, tmp / "result.json")
+            r = one_run(args, nproc, env, addr, tmp / "result.json")
             times[name].append(r["loop_s"] / r["steps_timed"] * 1e3)
-        print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+        print(f"{nproc} rank(s): round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     base = statistics.median(times["off"])
     lines.append(
-        f"DDP example, {args.nproc} ranks (gloo, 1 intra-op thread each), {args.steps} steps, "
-        f"{args.rounds} interleaved rounds; median step time over rounds"
+        f"DDP example, {nproc} rank(s) on {os.cpu_count()} cores ({max(os.cpu_count() - nproc, 0)} "
+        f"left for the agent and collector; gloo, 1 intra-op thread per rank), {args.steps} steps "
+        f"per run, {args.rounds} interleaved rounds; median over rounds of the step time"
     )
     lines.append("")
     lines.append("| configuration | median step ms | vs off |")
@@ -86,6 +96,8 @@ def ab(args, addr: str, tmp: Path) -> list[str]:
     for name, _ in CONFIGS:
         m = statistics.median(times[name])
         lines.append(f"| {name} | {m:.3f} | {100 * (m / base - 1):+.2f} % |")
+    if RETRIES:
+        lines.append(f"\n(runs that failed and were run again so far: {len(RETRIES)}, exit codes {RETRIES})")
     return lines
 
 
@@ -142,14 +154,22 @@ def unsampled_step_cost(args, addr: str) -> list[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument(
+        "--nproc",
+        default="2,1",
+        help="comma-separated rank counts, one A/B each (default: 2 = every core of a 2-core "
+        "machine to training, then 1 = a core to spare)",
+    )
     p.add_argument("--micro-steps", type=int, default=20000)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         proc, addr = start_collector(Path(tmp) / "out")
         try:
-            lines = ab(args, addr, Path(tmp)) + unsampled_step_cost(args, addr)
+            lines = []
+            for nproc in (int(n) for n in args.nproc.split(",")):
+                lines += ab(args, nproc, addr, Path(tmp))
+            lines += unsampled_step_cost(args, addr)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
