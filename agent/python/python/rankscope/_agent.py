@@ -236,7 +236,7 @@ class Agent:
                     end = torch.cuda.Event(enable_timing=True)
                     end.record()
                     deferred.comm_events.append((start, end))
-                    return f.value()
+                    return _bucket_result(f)
 
                 return fut.then(done_cuda)
             started = time.perf_counter()
@@ -244,17 +244,15 @@ class Agent:
 
             def done(f: torch.futures.Future) -> Any:
                 native.add_comm_ms((time.perf_counter() - started) * 1e3)
-                return f.value()
+                return _bucket_result(f)
 
             return fut.then(done)
 
         return timed
 
     def _register_comm_hook(self, ddp: nn.Module) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
         try:
-            ddp.register_comm_hook(None, self.wrap_comm_hook(default_hooks.allreduce_hook))
+            ddp.register_comm_hook(None, self.wrap_comm_hook(_allreduce))
         except RuntimeError as error:
             warnings.warn(
                 f"rankscope cannot time the all-reduce ({error}); to record comm_ms with "
@@ -411,6 +409,23 @@ class _Deferred:
         if events:
             s.set_comm_ms(sum(a.elapsed_time(b) for a, b in events))
         s.send()
+
+
+def _allreduce(state, bucket):  # type: ignore[no-untyped-def]
+    """DDP's default all-reduce (average over the group) without its own Python
+    callback: the timing callback returns the bucket's tensor instead, so the hook
+    adds one Python callback per bucket, not two."""
+    group = state if state is not None else torch.distributed.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(group.size())
+    return torch.distributed.all_reduce(tensor, group=group, async_op=True).get_future()
+
+
+def _bucket_result(f: torch.futures.Future) -> torch.Tensor:
+    """The bucket's tensor from a hook's future: a tensor, or the list that a
+    collective's future holds."""
+    value = f.value()
+    return value[0] if isinstance(value, list) else value
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
