@@ -47,6 +47,23 @@ fn run(mut cmd: Command) -> String {
     text
 }
 
+/// A plain HTTP/1.1 GET of the collector's ops endpoint; the response body.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to --http");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("read the response");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
 fn result(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).expect("the script wrote its result");
     serde_json::from_str(&text).expect("result JSON")
@@ -195,7 +212,7 @@ fn rank0_mode_records_only_rank_zero() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("collector.log");
     let out = dir.path().join("out");
-    let collector = CollectorProc::start_logged(&out, &[], &log);
+    let collector = CollectorProc::start_logged(&out, &["--http", "127.0.0.1:0"], &log);
     run(torchrun(
         &["--standalone", "--nproc-per-node", "2"],
         &["--steps", "12"],
@@ -205,6 +222,17 @@ fn rank0_mode_records_only_rank_zero() {
             ("RANKSCOPE_MODE", "rank0"),
         ],
     ));
+    // Rank 1 opened no connection: the collector's own count of streams says so.
+    let metrics = http_get(
+        collector.http.as_deref().expect("--http address"),
+        "/metrics",
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "rankscope_collector_streams_accepted_total 1"),
+        "{metrics}"
+    );
     assert!(collector.stop());
     assert_eq!(count_by_rank(&out, "steps"), vec![(0, 12)]);
     assert_eq!(count_by_rank(&out, "ranks"), vec![(0, 1)]);
