@@ -9,7 +9,7 @@
 //! | `SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS`, `SLURM_NODEID` | SLURM's, used when torchrun's are absent | |
 //! | `TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID` | run id fallbacks | |
 //! | `MASTER_ADDR`, `MASTER_PORT` | last run id fallback for multi-rank jobs | |
-//! | `RANKSCOPE_COLLECTOR` | collector address | `127.0.0.1:50051` |
+//! | `RANKSCOPE_COLLECTOR` | collector address, or a comma-separated list of them: rank `r` sends to entry `r % len` (see [`CollectorList`]) | `127.0.0.1:50051` |
 //! | `RANKSCOPE_RUN_ID` | run id | see [`AgentConfig::run_id`] |
 //! | `RANKSCOPE_MODE` | `full`, `rank0`, `steps` or `off` | `full` |
 //! | `RANKSCOPE_SAMPLE_EVERY` | sample layer activations every N steps | `10` |
@@ -228,6 +228,129 @@ pub enum ConfigError {
         "collector address {0:?} asks for TLS: set {RANKSCOPE_TLS_CA} to the CA that signed its certificate"
     )]
     TlsNeeded(String),
+    #[error(
+        "{var}={list:?}: entry {entry} is empty: list collector addresses separated by commas, e.g. 10.0.0.1:50051,10.0.0.2:50051"
+    )]
+    CollectorEmpty {
+        var: &'static str,
+        list: String,
+        entry: usize,
+    },
+    #[error(
+        "{var}={list:?}: {address:?} is not a collector address ({why}): use HOST:PORT, http://HOST:PORT or https://HOST:PORT"
+    )]
+    CollectorAddress {
+        var: &'static str,
+        list: String,
+        address: String,
+        why: &'static str,
+    },
+    #[error(
+        "{var}={list:?} mixes TLS ({tls:?}) and plaintext ({plain:?}) collectors: write https:// on every address or on none"
+    )]
+    CollectorMixed {
+        var: &'static str,
+        list: String,
+        tls: String,
+        plain: String,
+    },
+}
+
+/// The collectors of a run: one address, or several that split the ranks between
+/// them. Rank `r` always sends to entry `r % len`, so each (run, rank) meets one
+/// collector and deduplication, which each collector does for the ranks it sees,
+/// stays exact. Every rank and every tool (`loadgen`, `replay`) must therefore be
+/// given the same list, in the same order, for the whole run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectorList {
+    addresses: Vec<String>,
+}
+
+impl CollectorList {
+    /// Parses a comma-separated list; `var` names where it came from in errors
+    /// (`RANKSCOPE_COLLECTOR`, `--collector`). Every entry is checked: not empty,
+    /// `[http://|https://]HOST:PORT`, and TLS on all entries or on none.
+    pub fn parse(var: &'static str, list: &str) -> Result<CollectorList, ConfigError> {
+        let mut addresses = Vec::new();
+        for (i, entry) in list.split(',').enumerate() {
+            let address = entry.trim();
+            if address.is_empty() {
+                return Err(ConfigError::CollectorEmpty {
+                    var,
+                    list: list.into(),
+                    entry: i + 1,
+                });
+            }
+            if let Err(why) = check_address(address) {
+                return Err(ConfigError::CollectorAddress {
+                    var,
+                    list: list.into(),
+                    address: address.into(),
+                    why,
+                });
+            }
+            addresses.push(address.to_string());
+        }
+        let tls = addresses.iter().find(|a| a.starts_with("https://"));
+        let plain = addresses.iter().find(|a| !a.starts_with("https://"));
+        if let (Some(tls), Some(plain)) = (tls, plain) {
+            return Err(ConfigError::CollectorMixed {
+                var,
+                list: list.into(),
+                tls: tls.clone(),
+                plain: plain.clone(),
+            });
+        }
+        Ok(CollectorList { addresses })
+    }
+
+    /// The address rank `rank` sends to.
+    pub fn for_rank(&self, rank: u32) -> &str {
+        &self.addresses[rank as usize % self.addresses.len()]
+    }
+
+    pub fn len(&self) -> usize {
+        self.addresses.len()
+    }
+
+    /// Never true: a list holds at least one address.
+    pub fn is_empty(&self) -> bool {
+        self.addresses.is_empty()
+    }
+
+    /// Whether the collectors are reached over TLS (`https://`).
+    pub fn tls(&self) -> bool {
+        self.addresses[0].starts_with("https://")
+    }
+}
+
+/// `[http://|https://]HOST:PORT`, nothing else.
+fn check_address(address: &str) -> Result<(), &'static str> {
+    let rest = match address.split_once("://") {
+        Some(("http" | "https", rest)) => rest,
+        Some(_) => return Err("the scheme must be http or https"),
+        None => address,
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return Err("no port");
+    };
+    if host.is_empty() || host == "[]" {
+        return Err("no host");
+    }
+    if host
+        .chars()
+        .any(|c| c.is_whitespace() || matches!(c, '/' | '?' | '#' | '@'))
+    {
+        return Err("the host has a space, a path or a user");
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err("write an IPv6 host in brackets, [::1]:50051");
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err("the port must be a number from 1 to 65535"),
+    }
 }
 
 /// The agent's whole configuration, validated.
@@ -242,6 +365,8 @@ pub struct AgentConfig {
     /// else `slurm-<SLURM_JOB_ID>`, else `job-<MASTER_ADDR>-<MASTER_PORT>` for a
     /// multi-rank job, else `local-<pid>` for a single process.
     pub run_id: String,
+    /// The collector this rank sends to: its entry of the `RANKSCOPE_COLLECTOR`
+    /// list (see [`CollectorList`]).
     pub collector: String,
     pub mode: Mode,
     pub sample_every: u64,
@@ -547,13 +672,17 @@ impl AgentConfigBuilder {
                 None => DEFAULT_SPILL_MAX_BYTES,
             },
         };
-        let collector = self
-            .collector
-            .clone()
-            .or_else(|| env(RANKSCOPE_COLLECTOR))
-            .unwrap_or_else(|| DEFAULT_COLLECTOR.into());
+        let collectors = CollectorList::parse(
+            RANKSCOPE_COLLECTOR,
+            &self
+                .collector
+                .clone()
+                .or_else(|| env(RANKSCOPE_COLLECTOR))
+                .unwrap_or_else(|| DEFAULT_COLLECTOR.into()),
+        )?;
+        let collector = collectors.for_rank(rank).to_string();
         let tls = client_tls_with(&env)?;
-        if tls.is_none() && collector.starts_with("https://") {
+        if tls.is_none() && collectors.tls() {
             return Err(ConfigError::TlsNeeded(collector));
         }
         let worker_priority = match self.worker_priority {
@@ -878,6 +1007,30 @@ mod tests {
                 &[(RANKSCOPE_SPILL_MAX_BYTES, "lots")],
                 "RANKSCOPE_SPILL_MAX_BYTES=\"lots\" is not a size",
             ),
+            (
+                &[(RANKSCOPE_COLLECTOR, "a:1,,b:2")],
+                "RANKSCOPE_COLLECTOR=\"a:1,,b:2\": entry 2 is empty",
+            ),
+            (
+                &[(RANKSCOPE_COLLECTOR, "a:1,")],
+                "RANKSCOPE_COLLECTOR=\"a:1,\": entry 2 is empty",
+            ),
+            (
+                &[(RANKSCOPE_COLLECTOR, "a:1,collector-b")],
+                "\"collector-b\" is not a collector address (no port)",
+            ),
+            (
+                &[(RANKSCOPE_COLLECTOR, "a:1,b:http")],
+                "\"b:http\" is not a collector address (the port must be",
+            ),
+            (
+                &[(RANKSCOPE_COLLECTOR, "grpc://a:1")],
+                "the scheme must be http or https",
+            ),
+            (
+                &[(RANKSCOPE_COLLECTOR, "https://a:1,b:2")],
+                "mixes TLS (\"https://a:1\") and plaintext (\"b:2\") collectors: write https:// on every address or on none",
+            ),
         ];
         for (vars, expected) in cases {
             let err = build(vars).expect_err("inconsistent").to_string();
@@ -898,6 +1051,31 @@ mod tests {
         assert_eq!(c.sample_every, 3);
         assert_eq!(c.rank, 1);
         assert!(!c.active(), "rank0 mode leaves rank 1 inert");
+    }
+
+    #[test]
+    fn a_collector_list_gives_each_rank_one_collector() {
+        let list = "10.0.0.1:50051, http://10.0.0.2:50051 ,[::1]:7";
+        for (rank, expected) in [
+            ("0", "10.0.0.1:50051"),
+            ("1", "http://10.0.0.2:50051"),
+            ("2", "[::1]:7"),
+            ("3", "10.0.0.1:50051"),
+            ("7", "http://10.0.0.2:50051"),
+        ] {
+            let c = build(&[(RANKSCOPE_COLLECTOR, list), (RANK, rank), (WORLD_SIZE, "8")]).unwrap();
+            assert_eq!(c.collector, expected, "rank {rank}");
+        }
+        let parsed = CollectorList::parse("--collector", list).unwrap();
+        assert_eq!(parsed.len(), 3);
+        assert!(!parsed.tls());
+        assert_eq!(build(&[]).unwrap().collector, DEFAULT_COLLECTOR);
+        // Code wins over the environment, and is checked the same way.
+        let err = AgentConfig::builder()
+            .collector("a:1,,b:2")
+            .build_with(|_| None)
+            .unwrap_err();
+        assert!(err.to_string().contains("entry 2 is empty"), "{err}");
     }
 
     #[test]

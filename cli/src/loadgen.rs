@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use rand::{Rng, SeedableRng};
+use rankscope_agent::config::CollectorList;
 use rankscope_agent::{FinishReport, Row, Transport, TransportConfig, now_us};
 use rankscope_proto::v1::{Hello, LayerRow, ModelRow, RankRow, RecordingMode, RunRow, StepRow};
 
@@ -13,10 +14,12 @@ use rankscope_proto::v1::{Hello, LayerRow, ModelRow, RankRow, RecordingMode, Run
 #[command(after_help = "Examples:
   rankscope loadgen --ranks 8 --steps 200 --layers 12 --collector 127.0.0.1:50051
   rankscope loadgen --ranks 64 --steps 1000 --layers 48 --run-id load-1 --step-interval 0ms
+  rankscope loadgen --ranks 8 --collector 127.0.0.1:50051,127.0.0.1:50052
 
 Each rank sends, exactly: 1 ranks row, `layers` model rows, `steps` steps rows and
 steps x layers layers rows; rank 0 also sends 1 runs row. Exits non-zero if any row
-was not acknowledged as durable. For a TLS collector, give https://HOST:PORT and set
+was not acknowledged as durable. With a comma-separated list of collectors, rank r
+sends to entry r % len, as training ranks do. For a TLS collector, give https://HOST:PORT and set
 RANKSCOPE_TLS_CA (and RANKSCOPE_TLS_CERT / RANKSCOPE_TLS_KEY for mutual TLS).")]
 pub struct Args {
     /// Number of simulated ranks.
@@ -28,7 +31,7 @@ pub struct Args {
     /// Layers per rank (one layers row per layer per step).
     #[arg(long, default_value_t = 8)]
     pub layers: u32,
-    /// Collector address.
+    /// Collector address, or a comma-separated list (rank r sends to entry r % len).
     #[arg(long, default_value = "127.0.0.1:50051", env = "RANKSCOPE_COLLECTOR")]
     pub collector: String,
     /// Run id.
@@ -49,6 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.ranks == 0 {
         bail!("--ranks 0: simulate at least one rank");
     }
+    let collectors = CollectorList::parse("--collector", &args.collector)?;
     // Read once for every simulated rank.
     let tls = rankscope_agent::config::client_tls_from_env()?;
     let bar = indicatif::ProgressBar::new(args.ranks as u64 * args.steps);
@@ -60,7 +64,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let handles: Vec<_> = (0..args.ranks)
             .map(|rank| {
                 let (args, bar, tls) = (&args, &bar, &tls);
-                scope.spawn(move || simulate_rank(args, rank, tls.clone(), bar))
+                let collector = collectors.for_rank(rank);
+                scope.spawn(move || simulate_rank(args, rank, collector, tls.clone(), bar))
             })
             .collect();
         handles
@@ -99,6 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn simulate_rank(
     args: &Args,
     rank: u32,
+    collector: &str,
     tls: Option<rankscope_agent::ClientTls>,
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<FinishReport> {
@@ -117,7 +123,7 @@ fn simulate_rank(
         schema_minor: rankscope_proto::SCHEMA_MINOR,
         started_at,
     };
-    let mut config = TransportConfig::new(&args.collector);
+    let mut config = TransportConfig::new(collector);
     config.token = args.token.clone();
     config.tls = tls;
     let transport = Transport::start(config, hello.clone())?;

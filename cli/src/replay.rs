@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use rankscope_agent::config::CollectorList;
 use rankscope_agent::spill::SpillLog;
 use rankscope_agent::{Transport, TransportConfig};
 
@@ -27,7 +28,8 @@ pub struct Args {
     /// Only this run (default: every run in the spill root).
     #[arg(long)]
     pub run_id: Option<String>,
-    /// Collector address.
+    /// Collector address, or the run's comma-separated list (rank r goes to entry
+    /// r % len, as it did from the rank).
     #[arg(long, default_value = "127.0.0.1:50051", env = "RANKSCOPE_COLLECTOR")]
     pub collector: String,
     /// Bearer token, if the collector requires one.
@@ -39,6 +41,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let collectors = CollectorList::parse("--collector", &args.collector)?;
     let ranks = rank_dirs(&args.spill_dir, args.run_id.as_deref())?;
     if ranks.is_empty() {
         println!("nothing to replay in {}", args.spill_dir.display());
@@ -51,7 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for dir in &ranks {
         let hello = SpillLog::read_hello(dir)
             .with_context(|| format!("cannot read the rank recorded in {}", dir.display()))?;
-        let mut config = TransportConfig::new(&args.collector);
+        let mut config = TransportConfig::new(collectors.for_rank(hello.rank));
         config.token = args.token.clone();
         config.tls = tls.clone();
         config.spill_dir = Some(args.spill_dir.clone());

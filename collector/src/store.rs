@@ -6,7 +6,13 @@
 //! OUT/<table>/run_id=<run>/part-<commit>-<n>.parquet      committed data, readable
 //! OUT/<table>/run_id=<run>/.part-<commit>-<n>.parquet.tmp  being written, never globbed
 //! OUT/_rankscope/commits/<commit>.json                     one record per commit
+//! OUT/_rankscope/collectors/<epoch>.lock                   held (flock) while its collector runs
 //! ```
+//!
+//! `<commit>` is `<epoch>-<n>`: `<epoch>` is random per collector start, `<n>`
+//! counts that collector's commits. So several collectors can share one output
+//! directory (each over its own ranks, see `rankscope_agent::config::CollectorList`):
+//! no two ever write the same name.
 //!
 //! A commit writes every (table, run) group it holds as one Parquet file (ZSTD,
 //! dictionary-encoded strings, one row group of up to `row_group_rows` rows),
@@ -39,6 +45,13 @@
 //! record names (step 1 or 2 interrupted: those rows were never acknowledged,
 //! so their agents still hold and resend them), and returns the highest
 //! watermark per (run, rank), from which deduplication resumes.
+//!
+//! It only touches the temporary files and records of collectors that are gone:
+//! those whose `<epoch>.lock` it can lock (the kernel releases a killed process's
+//! lock) or that have no lock file (a collector from before the lock files).
+//! The temporaries of a collector still running on the same directory are its
+//! commit in progress, and are left to it. The lock files of the collectors it
+//! cleaned up after are removed; a collector that stops removes its own.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
@@ -168,19 +181,91 @@ pub struct Store {
     next: AtomicU64,
     /// Files of commits whose renames (step 3) failed: retried before each commit.
     unpublished: Mutex<Vec<(String, String)>>,
+    /// `_rankscope/collectors/<epoch>.lock`, locked for the life of this store.
+    lock: Option<(PathBuf, File)>,
+}
+
+/// The epoch in a commit record's or temporary file's name
+/// (`<epoch>-<n>.json`, `.<epoch>-<n>.json.tmp`, `.part-<epoch>-<n>-<k>.parquet.tmp`).
+fn epoch_of(name: &str) -> &str {
+    let name = name.strip_prefix('.').unwrap_or(name);
+    let name = name.strip_prefix("part-").unwrap_or(name);
+    name.split(['-', '.']).next().unwrap_or("")
+}
+
+/// Which collectors (by epoch) are gone, found by taking their locks; the locks
+/// taken are held until the recovery ends.
+struct Owners {
+    dir: PathBuf,
+    mine: String,
+    known: HashMap<String, bool>,
+    taken: Vec<(PathBuf, File)>,
+}
+
+impl Owners {
+    /// Whether the collector that wrote files of `epoch` is gone.
+    fn gone(&mut self, epoch: &str) -> bool {
+        if epoch == self.mine {
+            return false;
+        }
+        if let Some(gone) = self.known.get(epoch) {
+            return *gone;
+        }
+        let path = self.dir.join(format!("{epoch}.lock"));
+        let gone = match File::options().read(true).write(true).open(&path) {
+            Err(_) => true,
+            Ok(file) => match file.try_lock() {
+                Ok(()) => {
+                    self.taken.push((path, file));
+                    true
+                }
+                Err(_) => false,
+            },
+        };
+        self.known.insert(epoch.to_string(), gone);
+        gone
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some((path, _file)) = &self.lock {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// Removes a file that another recovery may have removed first.
+fn remove_if_there(path: &Path) -> Result<(), StoreError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(StoreError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }
 
 impl Store {
     /// Opens (creating) the output directory.
     pub fn open(dir: &Path, row_group_rows: usize) -> Result<Store, StoreError> {
         fs::create_dir_all(dir.join("_rankscope/commits")).map_err(io_err(dir))?;
+        let locks = dir.join("_rankscope/collectors");
+        fs::create_dir_all(&locks).map_err(io_err(&locks))?;
         let epoch = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+        let lock_path = locks.join(format!("{epoch}.lock"));
+        let lock = File::create(&lock_path).map_err(io_err(&lock_path))?;
+        lock.try_lock().map_err(|e| StoreError::Io {
+            path: lock_path.clone(),
+            source: io::Error::other(e.to_string()),
+        })?;
         Ok(Store {
             dir: dir.to_path_buf(),
             row_group_rows: row_group_rows.max(1),
             epoch,
             next: AtomicU64::new(0),
             unpublished: Mutex::new(Vec::new()),
+            lock: Some((lock_path, lock)),
         })
     }
 
@@ -364,12 +449,20 @@ impl Store {
     pub fn recover(&self) -> Result<HashMap<RankKey, u64>, StoreError> {
         let mut watermarks: HashMap<RankKey, u64> = HashMap::new();
         let mut committed = HashSet::new();
+        let mut owners = Owners {
+            dir: self.dir.join("_rankscope/collectors"),
+            mine: self.epoch.clone(),
+            known: HashMap::new(),
+            taken: Vec::new(),
+        };
         let commits = self.commits_dir();
         for entry in fs::read_dir(&commits).map_err(io_err(&commits))? {
             let path = entry.map_err(io_err(&commits))?.path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             if name.ends_with(".tmp") {
-                fs::remove_file(&path).map_err(io_err(&path))?;
+                if owners.gone(epoch_of(name)) {
+                    remove_if_there(&path)?;
+                }
                 continue;
             }
             if !name.ends_with(".json") {
@@ -381,7 +474,10 @@ impl Store {
                     path: path.clone(),
                     source,
                 })?;
-            self.publish(&record.files)?;
+            // A running collector renames its own files.
+            if owners.gone(epoch_of(name)) {
+                self.publish(&record.files)?;
+            }
             committed.extend(record.files.into_iter().map(|(tmp, _)| tmp));
             for w in record.watermarks {
                 let wm = watermarks.entry((w.run_id, w.rank)).or_default();
@@ -404,12 +500,18 @@ impl Store {
                         .strip_prefix(&self.dir)
                         .map(|p| p.to_string_lossy().into_owned())
                         .unwrap_or_default();
-                    if is_tmp && !committed.contains(&rel) {
+                    let name = file.file_name();
+                    let name = name.to_str().unwrap_or("");
+                    if is_tmp && !committed.contains(&rel) && owners.gone(epoch_of(name)) {
                         tracing::warn!(path = %path.display(), "discarding uncommitted temporary file");
-                        fs::remove_file(&path).map_err(io_err(&path))?;
+                        remove_if_there(&path)?;
                     }
                 }
             }
+        }
+        // Cleaned up after: their lock files go, still locked by us.
+        for (path, _file) in owners.taken {
+            let _ = fs::remove_file(path);
         }
         Ok(watermarks)
     }
@@ -479,6 +581,8 @@ mod tests {
         // And an orphan that no record names.
         let orphan = fin.with_file_name(".part-orphan-0.parquet.tmp");
         fs::write(&orphan, b"half a file").unwrap();
+        // The crashed collector's lock is released.
+        drop(store);
 
         let store = Store::open(dir.path(), 1000).unwrap();
         let watermarks = store.recover().unwrap();
@@ -519,6 +623,55 @@ mod tests {
         assert_eq!(rows, 15, "each row once");
         let watermarks = Store::open(dir.path(), 1000).unwrap().recover().unwrap();
         assert_eq!(watermarks[&("run".into(), 0)], 2);
+    }
+
+    #[test]
+    fn recovery_leaves_a_running_collector_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let running = Store::open(dir.path(), 1000).unwrap();
+        let folder = dir.path().join("steps/run_id=run");
+        fs::create_dir_all(&folder).unwrap();
+        // The running collector's commit in progress: steps 1 and 2 begun.
+        let live_tmp = folder.join(format!(".part-{}-000003-0.parquet.tmp", running.epoch));
+        let live_record = dir.path().join(format!(
+            "_rankscope/commits/.{}-000003.json.tmp",
+            running.epoch
+        ));
+        fs::write(&live_tmp, b"being written").unwrap();
+        fs::write(&live_record, b"{}").unwrap();
+        // A killed collector's leftovers: its lock file, no longer locked.
+        let dead = "deadbeef0000";
+        let dead_lock = dir
+            .path()
+            .join(format!("_rankscope/collectors/{dead}.lock"));
+        fs::write(&dead_lock, b"").unwrap();
+        let dead_tmp = folder.join(format!(".part-{dead}-000000-0.parquet.tmp"));
+        fs::write(&dead_tmp, b"half a file").unwrap();
+
+        let restarted = Store::open(dir.path(), 1000).unwrap();
+        restarted.recover().unwrap();
+        assert!(
+            live_tmp.exists() && live_record.exists(),
+            "not ours to touch"
+        );
+        assert!(
+            !dead_tmp.exists() && !dead_lock.exists(),
+            "cleaned up after"
+        );
+        assert_ne!(restarted.epoch, running.epoch);
+
+        drop(running);
+        Store::open(dir.path(), 1000).unwrap().recover().unwrap();
+        assert!(
+            !live_tmp.exists() && !live_record.exists(),
+            "gone once it stopped"
+        );
+        assert_eq!(
+            epoch_of(".part-0123abcd4567-000001-2.parquet.tmp"),
+            "0123abcd4567"
+        );
+        assert_eq!(epoch_of("0123abcd4567-000001.json"), "0123abcd4567");
+        assert_eq!(epoch_of(".0123abcd4567-000001.json.tmp"), "0123abcd4567");
     }
 
     #[test]
