@@ -12,7 +12,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup python demo test lint bench fmt collector clean
+.PHONY: help setup python demo test lint bench bench-sharding fmt collector clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -55,6 +55,10 @@ fmt:
 bench: setup ## overhead benchmarks, printed and saved to bench-latest.md (see BENCHMARKS.md)
 	cargo run --release -p rankscope -- bench | tee bench-latest.md
 	$(VENV)/bin/python agent/python/benches/ddp_ab.py | tee -a bench-latest.md
+
+bench-sharding: ## throughput of 1 vs 2 collectors (see BENCHMARKS.md)
+	cargo build --release -p rankscope --no-default-features
+	python3 collector/benches/sharding.py --bin target/release/rankscope
 
 collector: ## a collector-only binary, without libtorch
 	cargo build --release -p rankscope --no-default-features
