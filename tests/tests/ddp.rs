@@ -268,10 +268,25 @@ fn the_rank_others_wait_for_has_the_least_comm_time() {
         rows[1][2] > rows[0][2] + 30.0,
         "rank 1 was not slowed: {rows:?}"
     );
-    // The fast rank waits for the slow one in every all-reduce: about the 40 ms.
+    // The fast rank waits for the slow one in every all-reduce, about the 40 ms; the
+    // slow rank's own all-reduce is only the transfer (which other work on the same
+    // cores can stretch, so the margin is half the sleep, not a ratio).
     assert!(
-        slow * 4.0 < fast && fast > 20.0,
+        fast - slow > 20.0 && slow < fast / 2.0,
         "slow rank comm_ms {slow} is not clearly below the fast rank's {fast}"
+    );
+    // And step by step: the slow rank waits less in nearly every step.
+    let share: f64 = duckdb(&format!(
+        "select avg(case when s.comm_ms < f.comm_ms then 1 else 0 end) from {t} s join {t} f using (step) where s.rank = 1 and f.rank = 0 and step > 0",
+        t = table(dir.path(), "steps")
+    ))
+    .trim()
+    .parse()
+    .unwrap();
+    println!("share of steps where the slow rank waited less: {share}");
+    assert!(
+        share >= 0.8,
+        "the slow rank waited less in only {share} of the steps"
     );
 }
 
