@@ -76,6 +76,20 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// Every file under `dir`, recursively.
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
 /// A tool of the project venv (`duckdb`, `torchrun`), or from PATH.
 pub fn tool(name: &str) -> PathBuf {
     let venv = workspace().join(".venv/bin").join(name);

@@ -17,6 +17,7 @@ use rankscope_proto::v1::agent_message::Kind as AgentKind;
 use rankscope_proto::v1::{AgentMessage, Batch, EventRow, LayerRow, StepRow};
 use rankscope_tests::{
     ANSWER_TIMEOUT, CollectorProc, RawStream, batch, count, duckdb, hello, open, open_with, table,
+    walk,
 };
 use tonic::{Code, Status};
 
@@ -715,20 +716,6 @@ fn incompressible(seq: u64, rows: u64, state: &mut u64) -> Batch {
         row.lr = Some(next());
     }
     b
-}
-
-/// Every path under `dir`, recursively.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rankscope_tests::{
     CollectorProc, batch, bin, count, count_by_rank, duckdb, free_port, hello, open, random_ms,
-    rankscope, table,
+    rankscope, table, walk,
 };
 
 #[test]
@@ -60,22 +60,9 @@ fn collector_killed_and_restarted_mid_run_loses_and_duplicates_nothing() {
     // No temporary file was left visible or half-read.
     let leftovers = walk(out)
         .into_iter()
-        .filter(|p| p.ends_with(".tmp"))
+        .filter(|p| p.to_string_lossy().ends_with(".tmp"))
         .count();
     assert_eq!(leftovers, 0);
-}
-
-fn walk(dir: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p.display().to_string());
-        }
-    }
-    out
 }
 
 #[test]

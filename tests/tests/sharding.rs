@@ -3,32 +3,18 @@
 //! mid-run, and the dataset is still exact, read with one DuckDB glob, whether the
 //! two write separate folders or share one.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rankscope_tests::{
-    CollectorProc, bin, count, count_by_rank, duckdb, free_port, random_ms, table,
+    CollectorProc, bin, count, count_by_rank, duckdb, free_port, random_ms, table, walk,
 };
 
 const RANKS: u32 = 8;
 const STEPS: u64 = 400;
 const LAYERS: u64 = 3;
 const ARGS: [&str; 2] = ["--max-file-age", "150ms"];
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
 
 /// Waits until `out` holds a committed `steps` file.
 fn wait_for_data(out: &Path) {
