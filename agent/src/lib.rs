@@ -3,6 +3,7 @@
 //! step, and streams all of it to the collector without ever blocking training.
 //!
 //! Layout:
+//! - [`collector_list`]: which collector each rank sends to;
 //! - [`config`]: `RANKSCOPE_*`, torchrun and SLURM variables, and the builder;
 //! - [`layer_filter`]: which layers are sampled (`RANKSCOPE_LAYERS`);
 //! - [`Row`]: a row of any table (from `rankscope-proto`);
@@ -19,6 +20,7 @@
 //!   (the static model profile), and [`agent`] (the handle training code holds).
 
 pub mod client_tls;
+pub mod collector_list;
 pub mod config;
 mod connection;
 pub mod layer_filter;
