@@ -181,10 +181,10 @@ class Agent:
         "optimizer"):`` times a phase, and ``s.record(loss=, lr=, grad_norm=,
         samples=)`` takes floats or 0-d tensors."""
         s = self._native.step(step)
+        handles = self._hooks_for(s)
         if self._deferred is not None:
-            return _CudaStep(s, self._deferred, self._hooks_for(s))
-        if s.sampled and self._watched:
-            handles = _install(self._native, self._watched)
+            return _CudaStep(s, self._deferred, handles)
+        if handles:
             s.set_on_exit(lambda: _remove(handles))
         return s
 
