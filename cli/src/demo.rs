@@ -1,5 +1,5 @@
 //! `rankscope demo`: an embedded collector, 4 ranks of training, then the run's
-//! summary and where its Parquet files are. The ranks are real PyTorch DDP ranks of
+//! summary, where its Parquet files are, and its HTML report. The ranks are real PyTorch DDP ranks of
 //! a Python script under the real `torchrun` (`--script`, what `make demo` runs), or
 //! `rankscope train` launched the torchrun way.
 
@@ -72,7 +72,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "collector: {} rows in {} files, {} duplicate batches dropped\n",
         summary.rows, summary.files, summary.duplicates
     );
-    print!("{}", crate::summary::summarise(&args.out, &run_id)?);
+    let dataset = crate::query::Dataset::open(&args.out)?;
+    print!("{}", crate::summary::summarise_dataset(&dataset, &run_id)?);
+    let (report, data) = crate::report::build(&dataset, Some(&run_id))?;
+    let page = crate::report::default_path(&args.out, &run_id);
+    std::fs::write(&page, crate::report::html::page(&report, &data)?)
+        .with_context(|| format!("cannot write {}", page.display()))?;
+    println!();
+    for d in &report.diagnoses {
+        println!("diagnosis: {}", d.message);
+    }
     let out = args.out.display();
     println!(
         "\nParquet files: {out}/<table>/run_id={run_id}/*.parquet (tables: runs, ranks, steps, layers, model, events)"
@@ -81,6 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "  duckdb -c \"select layer, step, avg(stable_rank) sr, avg(effective_rank) er from read_parquet('{out}/layers/*/*.parquet', hive_partitioning=true) where run_id='{run_id}' group by all order by layer, step\""
     );
+    println!("\nreport: {}", page.display());
     Ok(())
 }
 

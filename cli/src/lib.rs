@@ -8,7 +8,10 @@
 //! - `loadgen`: `rankscope loadgen`, simulated ranks on the real protocol;
 //! - `launch`: `rankscope launch`, local ranks with torchrun's variables;
 //! - `replay`: `rankscope replay`, sends what ranks left in their spill directories;
+//! - `query`: SQL over the collector's output directory (DataFusion);
 //! - `summary`: `rankscope summary`, a run's summary from its Parquet files;
+//! - `report`: `rankscope report`, the HTML page and JSON summary of a run;
+//! - `compare`: `rankscope compare`, two runs side by side;
 //! - `train` and `workloads`: `rankscope train` and its example models;
 //! - `demo`: `rankscope demo`, the README's `make demo`;
 //! - `spectrum` and `npy`: `rankscope spectrum`, metrics of a saved `.npy` matrix;
@@ -23,6 +26,7 @@ pub mod analysis;
 #[cfg(feature = "torch")]
 mod bench;
 mod collector_cmd;
+mod compare;
 #[cfg(feature = "torch")]
 mod demo;
 mod duration;
@@ -31,7 +35,9 @@ mod launch;
 mod loadgen;
 #[cfg(feature = "torch")]
 mod npy;
+mod query;
 mod replay;
+mod report;
 #[cfg(feature = "torch")]
 mod spectrum;
 mod summary;
@@ -52,6 +58,8 @@ use clap::{Parser, Subcommand};
   rankscope collector --out ./rankscope-out       # the central collector
   rankscope launch --nproc-per-node 4 -- rankscope train --model cnn
   rankscope loadgen --ranks 8 --steps 100 --layers 12 --collector 127.0.0.1:50051
+  rankscope report rankscope-out                  # HTML page + diagnoses of the latest run
+  rankscope compare RUN_A RUN_B                   # two runs side by side
   rankscope jumps fc1_stable_rank.csv             # level shifts in a step,value series
   duckdb -c \"select rank, count(*) from read_parquet('rankscope-out/steps/*/*.parquet', hive_partitioning=true) group by rank\"
 
@@ -69,6 +77,8 @@ enum Command {
     Launch(launch::Args),
     Replay(replay::Args),
     Summary(summary::Args),
+    Report(report::Args),
+    Compare(compare::Args),
     Jumps(jumps_cmd::Args),
     #[cfg(feature = "torch")]
     Train(train::Args),
@@ -105,6 +115,8 @@ where
         Command::Launch(args) => launch::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Summary(args) => summary::run(args),
+        Command::Report(args) => report::run(args),
+        Command::Compare(args) => compare::run(args),
         Command::Jumps(args) => jumps_cmd::run(args),
         #[cfg(feature = "torch")]
         Command::Train(args) => train::run(args),

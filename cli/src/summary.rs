@@ -1,232 +1,148 @@
-//! `rankscope summary`: a run's summary read back from the collector's Parquet
-//! files: per rank its steps, mean step time and agent overhead; per layer its
-//! latest stable and effective rank and their trend since the first sample.
+//! `rankscope summary`: a run's summary, as SQL over the collector's Parquet files
+//! ([`crate::query`]): per rank its steps, mean step and all-reduce time, agent
+//! overhead and dropped samples; per layer its latest stable and effective rank and
+//! their trend since the first sample.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::Context;
-use arrow::array::{ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{Float64Type, Int64Type, UInt32Type, UInt64Type};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use crate::query::{Dataset, floats, ints, literal, strings};
 
 /// Summarise a run from the collector's output.
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = "Examples:
+  rankscope summary --out rankscope-out                        # the latest run
   rankscope summary --out rankscope-out --run-id run-1763790000-123")]
 pub struct Args {
     /// The collector's output directory.
     #[arg(long, default_value = rankscope_collector::CollectorConfig::DEFAULT_OUT)]
     pub out: PathBuf,
-    /// The run to summarise.
+    /// The run to summarise (default: the latest run).
     #[arg(long)]
-    pub run_id: String,
+    pub run_id: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    print!("{}", summarise(&args.out, &args.run_id)?);
+    let data = Dataset::open(&args.out)?;
+    let run = data.run(args.run_id.as_deref())?;
+    print!("{}", summarise_dataset(&data, &run.run_id)?);
     Ok(())
-}
-
-fn batches(out: &Path, table: &str, run_id: &str) -> anyhow::Result<Vec<RecordBatch>> {
-    let dir = out.join(table).join(format!("run_id={run_id}"));
-    let mut all = Vec::new();
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Ok(all);
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.extension().is_none_or(|e| e != "parquet") {
-            continue;
-        }
-        let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-            .with_context(|| format!("reading {}", path.display()))?
-            .build()?;
-        for batch in reader {
-            all.push(batch?);
-        }
-    }
-    Ok(all)
-}
-
-// A missing required column or a column of another type is an error that names it,
-// never a panic: the files may come from another release, or from anywhere.
-fn wrong_type(table: &str, name: &str, array: &ArrayRef, expected: &str) -> anyhow::Error {
-    anyhow::anyhow!(
-        "column {table}.{name} is {}, not {expected}: is --out the output of a rankscope collector of this release?",
-        array.data_type()
-    )
-}
-
-fn missing(table: &str, name: &str) -> anyhow::Error {
-    anyhow::anyhow!(
-        "table {table} has no column {name}: is --out the output of a rankscope collector of this release?"
-    )
-}
-
-/// A nullable numeric column; absent means all null.
-fn f64s(b: &RecordBatch, table: &str, name: &str) -> anyhow::Result<Vec<Option<f64>>> {
-    match b.column_by_name(name) {
-        None => Ok(vec![None; b.num_rows()]),
-        Some(c) => Ok(c
-            .as_primitive_opt::<Float64Type>()
-            .ok_or_else(|| wrong_type(table, name, c, "Float64"))?
-            .iter()
-            .collect()),
-    }
-}
-
-/// A required column of primitive type `T`.
-fn required<T: arrow::datatypes::ArrowPrimitiveType>(
-    b: &RecordBatch,
-    table: &str,
-    name: &str,
-) -> anyhow::Result<Vec<Option<T::Native>>> {
-    let c = b.column_by_name(name).ok_or_else(|| missing(table, name))?;
-    Ok(c.as_primitive_opt::<T>()
-        .ok_or_else(|| wrong_type(table, name, c, &T::DATA_TYPE.to_string()))?
-        .iter()
-        .collect())
-}
-
-/// A required string column.
-fn strings<'a>(
-    b: &'a RecordBatch,
-    table: &str,
-    name: &str,
-) -> anyhow::Result<Vec<Option<&'a str>>> {
-    let c = b.column_by_name(name).ok_or_else(|| missing(table, name))?;
-    Ok(c.as_string_opt::<i32>()
-        .ok_or_else(|| wrong_type(table, name, c, "Utf8"))?
-        .iter()
-        .collect())
 }
 
 #[derive(Default)]
 struct RankStats {
-    steps: u64,
-    step_ms: f64,
-    overhead_ms: f64,
-    /// (sum, steps that have it) of `comm_ms`.
-    comm_ms: (f64, u64),
+    steps: i64,
+    step_ms: Option<f64>,
+    overhead_pct: Option<f64>,
+    comm_ms: Option<f64>,
     samples_dropped: i64,
 }
 
-/// The summary text of `run_id`.
-pub fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
-    let mut ranks: BTreeMap<u32, RankStats> = BTreeMap::new();
-    for b in batches(out, "steps", run_id)? {
-        let rank = required::<UInt32Type>(&b, "steps", "rank")?;
-        let step_ms = f64s(&b, "steps", "step_ms")?;
-        let overhead = f64s(&b, "steps", "overhead_ms")?;
-        let comm = f64s(&b, "steps", "comm_ms")?;
-        let rows = rank.into_iter().zip(step_ms).zip(overhead).zip(comm);
-        for (((rank, step_ms), overhead), comm) in rows {
-            let Some(rank) = rank else { continue };
-            let s = ranks.entry(rank).or_default();
-            s.steps += 1;
-            s.step_ms += step_ms.unwrap_or(0.0);
-            s.overhead_ms += overhead.unwrap_or(0.0);
-            if let Some(c) = comm {
-                s.comm_ms.0 += c;
-                s.comm_ms.1 += 1;
-            }
+/// The summary text of `run_id`, from SQL over the dataset.
+pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String> {
+    let id = literal(run_id);
+    let mut ranks: BTreeMap<i64, RankStats> = BTreeMap::new();
+    for b in &data.sql(&format!(
+        "SELECT CAST(rank AS BIGINT) AS rank, count(*) AS steps, avg(step_ms) AS step_ms,
+                avg(comm_ms) AS comm_ms,
+                100 * sum(overhead_ms) / sum(step_ms) AS overhead_pct
+         FROM steps WHERE run_id = {id} GROUP BY rank"
+    ))? {
+        let (rank, steps) = (ints(b, "rank")?, ints(b, "steps")?);
+        let (step_ms, comm, pct) = (
+            floats(b, "step_ms")?,
+            floats(b, "comm_ms")?,
+            floats(b, "overhead_pct")?,
+        );
+        for i in 0..b.num_rows() {
+            let s = ranks.entry(rank[i].unwrap_or_default()).or_default();
+            s.steps = steps[i].unwrap_or_default();
+            s.step_ms = step_ms[i];
+            s.comm_ms = comm[i];
+            s.overhead_pct = pct[i];
         }
     }
-    for b in batches(out, "events", run_id)? {
-        let rank = required::<UInt32Type>(&b, "events", "rank")?;
-        let kind = strings(&b, "events", "kind")?;
-        let value = required::<Int64Type>(&b, "events", "value")?;
-        for ((rank, kind), value) in rank.into_iter().zip(kind).zip(value) {
-            if let (Some(rank), Some("samples_dropped"), Some(value)) = (rank, kind, value) {
-                let s = ranks.entry(rank).or_default();
-                s.samples_dropped = s.samples_dropped.saturating_add(value);
-            }
-        }
-    }
-    // layer -> step -> (sum stable, sum effective, n)
-    let mut layers: BTreeMap<String, BTreeMap<u64, (f64, f64, u32)>> = BTreeMap::new();
-    let mut order: Vec<String> = Vec::new();
-    for b in batches(out, "layers", run_id)? {
-        let names = strings(&b, "layers", "layer")?;
-        let step = required::<UInt64Type>(&b, "layers", "step")?;
-        let stable = f64s(&b, "layers", "stable_rank")?;
-        let effective = f64s(&b, "layers", "effective_rank")?;
-        for (((name, step), stable), effective) in
-            names.into_iter().zip(step).zip(stable).zip(effective)
-        {
-            let (Some(name), Some(step)) = (name, step) else {
-                continue;
-            };
-            if !order.iter().any(|n| n == name) {
-                order.push(name.to_string());
-            }
-            let (Some(s), Some(e)) = (stable, effective) else {
-                continue;
-            };
-            let slot = layers
-                .entry(name.to_string())
+    for b in &data.sql(&format!(
+        "SELECT CAST(rank AS BIGINT) AS rank, sum(value) AS dropped FROM events
+         WHERE run_id = {id} AND kind = 'samples_dropped' GROUP BY rank"
+    ))? {
+        let (rank, dropped) = (ints(b, "rank")?, ints(b, "dropped")?);
+        for i in 0..b.num_rows() {
+            ranks
+                .entry(rank[i].unwrap_or_default())
                 .or_default()
-                .entry(step)
-                .or_default();
-            slot.0 += s;
-            slot.1 += e;
-            slot.2 += 1;
+                .samples_dropped = dropped[i].unwrap_or_default();
         }
     }
     let mut text = format!("run {run_id}\n\n");
     text += "rank   steps   mean step ms   mean comm ms   overhead %   samples dropped\n";
+    let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
     for (rank, s) in &ranks {
-        let mean = s.step_ms / s.steps.max(1) as f64;
-        let comm = match s.comm_ms {
-            (_, 0) => "-".to_string(),
-            (sum, n) => format!("{:.3}", sum / n as f64),
-        };
-        let pct = 100.0 * s.overhead_ms / s.step_ms.max(f64::MIN_POSITIVE);
         text += &format!(
-            "{rank:>4}   {:>5}   {mean:>12.3}   {comm:>12}   {pct:>10.3}   {:>15}\n",
-            s.steps, s.samples_dropped
+            "{rank:>4}   {:>5}   {:>12}   {:>12}   {:>10}   {:>15}\n",
+            s.steps,
+            show(s.step_ms),
+            show(s.comm_ms),
+            show(s.overhead_pct),
+            s.samples_dropped
         );
     }
-    if ranks.values().any(|s| s.comm_ms.1 > 0) {
+    if ranks.values().any(|s| s.comm_ms.is_some()) {
         text += "(comm ms: all-reduce launch to completion; the rank that waits least is the one the others wait for)\n";
     }
     if ranks.values().any(|s| s.samples_dropped > 0) {
         text += "(samples dropped: the metrics threads had no spare CPU time; see RANKSCOPE_WORKER_PRIORITY)\n";
     }
+    // Per layer, in the order of first sampling: the mean over ranks of the
+    // stable and effective rank at the first and last step with finite values.
     text += "\nlayer            stable rank   effective rank   trend (stable rank since first sample)\n";
-    for name in &order {
-        let Some(steps) = layers.get(name) else {
+    for b in &data.sql(&format!(
+        "WITH per_step AS (
+             SELECT layer, step, avg(stable_rank) AS s, avg(effective_rank) AS e
+             FROM layers
+             WHERE run_id = {id} AND stable_rank IS NOT NULL AND effective_rank IS NOT NULL
+             GROUP BY layer, step),
+         ends AS (
+             SELECT layer, min(step) AS first, max(step) AS last, count(*) AS samples
+             FROM per_step GROUP BY layer),
+         names AS (
+             SELECT layer, min(time) AS seen FROM layers WHERE run_id = {id} GROUP BY layer)
+         SELECT names.layer, f.s AS s0, l.s AS s1, l.e AS e1, ends.samples
+         FROM names
+         LEFT JOIN ends ON ends.layer = names.layer
+         LEFT JOIN per_step f ON f.layer = names.layer AND f.step = ends.first
+         LEFT JOIN per_step l ON l.layer = names.layer AND l.step = ends.last
+         ORDER BY names.seen, names.layer"
+    ))? {
+        let name = strings(b, "layer")?;
+        let (s0, s1, e1) = (floats(b, "s0")?, floats(b, "s1")?, floats(b, "e1")?);
+        let samples = ints(b, "samples")?;
+        for i in 0..b.num_rows() {
+            let name = name[i].clone().unwrap_or_default();
+            let (Some(s0), Some(s1), Some(e1)) = (s0[i], s1[i], e1[i]) else {
+                text += &format!(
+                    "{name:<16} {:>11}   {:>14}   (no finite sample)\n",
+                    "-", "-"
+                );
+                continue;
+            };
+            let change = if s0 > 0.0 {
+                100.0 * (s1 - s0) / s0
+            } else {
+                0.0
+            };
+            let arrow = if change > 5.0 {
+                "up"
+            } else if change < -5.0 {
+                "down"
+            } else {
+                "flat"
+            };
             text += &format!(
-                "{name:<16} {:>11}   {:>14}   (no finite sample)\n",
-                "-", "-"
+                "{name:<16} {s1:>11.3}   {e1:>14.3}   {arrow} {change:+.1}% over {} samples\n",
+                samples[i].unwrap_or_default()
             );
-            continue;
-        };
-        let mean = |v: &(f64, f64, u32)| (v.0 / v.2 as f64, v.1 / v.2 as f64);
-        let (first, last) = (steps.values().next(), steps.values().last());
-        let (Some(first), Some(last)) = (first, last) else {
-            continue;
-        };
-        let ((s0, _), (s1, e1)) = (mean(first), mean(last));
-        let change = if s0 > 0.0 {
-            100.0 * (s1 - s0) / s0
-        } else {
-            0.0
-        };
-        let arrow = if change > 5.0 {
-            "up"
-        } else if change < -5.0 {
-            "down"
-        } else {
-            "flat"
-        };
-        text += &format!(
-            "{name:<16} {s1:>11.3}   {e1:>14.3}   {arrow} {change:+.1}% over {} samples\n",
-            steps.len()
-        );
+        }
     }
     Ok(text)
 }
@@ -234,16 +150,25 @@ pub fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
+    use std::path::Path;
+
+    fn summarise(out: &Path, run_id: &str) -> anyhow::Result<String> {
+        summarise_dataset(&Dataset::open(out)?, run_id)
+    }
     use std::sync::Arc;
 
-    use arrow::array::{Float64Array, Int32Array, StringArray, UInt32Array};
+    use arrow::array::{ArrayRef, Float64Array, Int32Array, RecordBatch, StringArray, UInt32Array};
     use arrow::datatypes::{Field, Schema};
     use parquet::arrow::ArrowWriter;
 
-    /// Writes one Parquet file of `columns` as `table` of run `r` under `out`.
+    /// Writes one Parquet file of `columns` (plus `run_id`) as `table` of run `r`.
     fn write(out: &Path, table: &str, columns: Vec<(&str, ArrayRef)>) {
         let dir = out.join(table).join("run_id=r");
         std::fs::create_dir_all(&dir).unwrap();
+        let rows = columns[0].1.len();
+        let mut columns = columns;
+        columns.insert(0, ("run_id", Arc::new(StringArray::from(vec!["r"; rows]))));
         let fields: Vec<Field> = columns
             .iter()
             .map(|(name, a)| Field::new(*name, a.data_type().clone(), true))
@@ -260,7 +185,8 @@ mod tests {
     }
 
     #[test]
-    fn well_formed_tables_are_summarised() {
+    fn files_with_fewer_columns_are_summarised() {
+        // Files of an older release lack newer columns: they read as null.
         let out = tempfile::tempdir().unwrap();
         write(
             out.path(),
@@ -274,13 +200,26 @@ mod tests {
             ],
         );
         let text = summarise(out.path(), "r").unwrap();
-        assert!(text.contains("   0       2"), "{text}");
-        assert!(text.contains("   1       1"), "{text}");
+        assert!(text.contains("   0       2         15.000"), "{text}");
+        assert!(text.contains("   1       1         30.000"), "{text}");
     }
 
     #[test]
-    fn unexpected_or_missing_columns_are_errors_not_panics() {
-        // A column of another type.
+    fn columns_of_another_type_are_errors_not_panics() {
+        // A string where a number belongs.
+        let out = tempfile::tempdir().unwrap();
+        write(
+            out.path(),
+            "steps",
+            vec![
+                ("rank", Arc::new(UInt32Array::from(vec![0]))),
+                ("step_ms", Arc::new(StringArray::from(vec!["ten"]))),
+            ],
+        );
+        let err = format!("{:#}", summarise(out.path(), "r").unwrap_err());
+        assert!(err.contains("query failed"), "{err}");
+
+        // An integer column where a float belongs is read as a float.
         let out = tempfile::tempdir().unwrap();
         write(
             out.path(),
@@ -290,33 +229,7 @@ mod tests {
                 ("step_ms", Arc::new(Int32Array::from(vec![10]))),
             ],
         );
-        let err = summarise(out.path(), "r").unwrap_err().to_string();
-        assert!(err.contains("steps.step_ms is Int32, not Float64"), "{err}");
-
-        // A required column missing, with rows in the others.
-        let out = tempfile::tempdir().unwrap();
-        write(
-            out.path(),
-            "events",
-            vec![
-                ("kind", Arc::new(StringArray::from(vec!["samples_dropped"]))),
-                ("value", Arc::new(arrow::array::Int64Array::from(vec![3]))),
-            ],
-        );
-        let err = summarise(out.path(), "r").unwrap_err().to_string();
-        assert!(err.contains("table events has no column rank"), "{err}");
-
-        // A layer name that is not a string.
-        let out = tempfile::tempdir().unwrap();
-        write(
-            out.path(),
-            "layers",
-            vec![
-                ("layer", Arc::new(UInt32Array::from(vec![1]))),
-                ("step", Arc::new(arrow::array::UInt64Array::from(vec![1]))),
-            ],
-        );
-        let err = summarise(out.path(), "r").unwrap_err().to_string();
-        assert!(err.contains("layers.layer is UInt32, not Utf8"), "{err}");
+        let text = summarise(out.path(), "r").unwrap();
+        assert!(text.contains("10.000"), "{text}");
     }
 }

@@ -6,7 +6,8 @@
 //! - [`CollectorProc`]: a collector process on 127.0.0.1:0 with its own directory;
 //! - [`RawStream`], [`hello`], [`batch`]: the protocol spoken by hand, as an agent
 //!   would (or as a broken one would);
-//! - [`duckdb`]: queries run through the `duckdb` command.
+//! - [`duckdb`]: queries run through the `duckdb` command;
+//! - [`ddp_example`]: the Python package's DDP example under the real `torchrun`.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -98,6 +99,39 @@ pub fn tool(name: &str) -> PathBuf {
     } else {
         PathBuf::from(name)
     }
+}
+
+/// The PyTorch DDP example of the Python package.
+pub fn example() -> PathBuf {
+    workspace().join("agent/python/examples/ddp_train.py")
+}
+
+/// `torchrun ARGS... ddp_train.py SCRIPT_ARGS...` with the agent's variables
+/// (`make test` installs the `rankscope` package into `.venv` first).
+pub fn ddp_example(torchrun_args: &[&str], script_args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(tool("torchrun"));
+    cmd.args(torchrun_args)
+        .arg(example())
+        .args(script_args)
+        .env("RANKSCOPE_LOG", "warn")
+        .env("RANKSCOPE_SPILL_DIR", spill_dir())
+        // Layer rows are counted exactly: every sample must be measured, which the
+        // idle metrics thread does not promise on a busy small machine.
+        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        .env("OMP_NUM_THREADS", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Runs `cmd`; panics with its output unless it succeeds.
+pub fn run_ok(mut cmd: Command) -> String {
+    let output: std::process::Output = cmd.output().expect("run torchrun (make setup installs it)");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{cmd:?} failed:\n{text}");
+    text
 }
 
 /// A collector process on 127.0.0.1 with a port of its own.

@@ -9,43 +9,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use rankscope_tests::{
-    CollectorProc, count, count_by_rank, duckdb, free_port, random_ms, spill_dir, table, tool,
-    workspace,
+    CollectorProc, count, count_by_rank, ddp_example as torchrun, duckdb, free_port, random_ms,
+    run_ok as run, spill_dir, table, tool,
 };
 
 /// Layers `watch` finds in the example's default model (2 blocks): tok, pos, then
 /// per block ln1, attn.qkv, attn.proj, ln2, mlp.0, mlp.2, then ln_f and head.
 const GPT_LAYERS: u64 = 2 + 2 * 6 + 2;
-
-fn example() -> PathBuf {
-    workspace().join("agent/python/examples/ddp_train.py")
-}
-
-/// `torchrun ARGS... ddp_train.py SCRIPT_ARGS...` with the agent's variables.
-fn torchrun(torchrun_args: &[&str], script_args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(tool("torchrun"));
-    cmd.args(torchrun_args)
-        .arg(example())
-        .args(script_args)
-        .env("RANKSCOPE_LOG", "warn")
-        .env("RANKSCOPE_SPILL_DIR", spill_dir())
-        // Layer rows are counted exactly: every sample must be measured, which the
-        // idle metrics thread does not promise on a busy small machine.
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
-        .env("OMP_NUM_THREADS", "1");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd
-}
-
-fn run(mut cmd: Command) -> String {
-    let output: Output = cmd.output().expect("run torchrun (make setup installs it)");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{cmd:?} failed:\n{text}");
-    text
-}
 
 /// A plain HTTP/1.1 GET of the collector's ops endpoint; the response body.
 fn http_get(addr: &str, path: &str) -> String {

@@ -79,6 +79,10 @@ pub struct JumpConfig {
     pub false_alarm_rate: f64,
     /// Spike filter threshold, in units of σ̂.
     pub spike_z: f64,
+    /// Least σ̂, as a share of the series' median absolute value: on a series
+    /// with (almost) no noise, a change below this share of its level is not a
+    /// jump (rounding would otherwise be one).
+    pub relative_noise_floor: f64,
 }
 
 impl Default for JumpConfig {
@@ -88,6 +92,7 @@ impl Default for JumpConfig {
             min_side: 5,
             false_alarm_rate: 1e-4,
             spike_z: 6.0,
+            relative_noise_floor: 1e-3,
         }
     }
 }
@@ -212,6 +217,8 @@ pub fn detect(points: &[(u64, f64)], config: &JumpConfig) -> Result<Detection, S
     // times the noise's, and a sum over a window the long-run variance,
     // (1 + φ) / (1 − φ) times it.
     let noise = noise_scale(&xs, &raw) / (1.0 + phi * phi / 3.0 - 4.0 * phi / 3.0).sqrt();
+    let level = stats::median(&raw.iter().map(|v| v.abs()).collect::<Vec<_>>()).unwrap_or(0.0);
+    let noise = noise.max(config.relative_noise_floor * level);
     let long_run = ((1.0 + phi) / (1.0 - phi)).sqrt();
     let (ys, spikes) = despike(&raw, noise, config.spike_z);
     let mut detection = Detection {

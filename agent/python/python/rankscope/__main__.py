@@ -1,11 +1,13 @@
 """``python -m rankscope COMMAND``: the ``rankscope`` command from the package, so a
 Python user has one install. It runs the same Rust code as the ``rankscope``
-binary: ``collector``, ``summary``, ``replay``, ``loadgen`` and ``launch``.
+binary: ``collector``, ``summary``, ``report``, ``compare``, ``jumps``,
+``replay``, ``loadgen`` and ``launch``.
 
 Examples::
 
     python -m rankscope collector --out ./rankscope-out
     python -m rankscope summary --out ./rankscope-out
+    python -m rankscope report ./rankscope-out      # HTML page of the latest run
     python -m rankscope --help
 """
 

@@ -25,6 +25,22 @@ fn by_layer(run: &RunData) -> BTreeMap<&str, Vec<&LayerRecord>> {
     map
 }
 
+/// Per layer and dimensionality metric (`stable_rank`, `effective_rank`), the
+/// median over ranks per sampled step: the series the collapse test reads and
+/// the report plots.
+pub fn layer_series(run: &RunData) -> BTreeMap<(String, String), Vec<(u64, f64)>> {
+    let mut all = BTreeMap::new();
+    for (layer, rows) in by_layer(run) {
+        for (metric, get) in DIMENSIONALITY {
+            let series = median_series(&rows, get);
+            if !series.is_empty() {
+                all.insert((layer.to_string(), metric.to_string()), series);
+            }
+        }
+    }
+    all
+}
+
 /// Per step, the median over ranks of a metric's finite values.
 fn median_series(rows: &[&LayerRecord], get: fn(&LayerRecord) -> Option<f64>) -> Vec<(u64, f64)> {
     let mut per_step: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
@@ -64,55 +80,52 @@ pub struct CollapseEvidence {
 /// jump, and a dip that recovers is not sustained.
 pub fn collapse(run: &RunData, t: &Thresholds) -> Vec<Diagnosis> {
     let mut found = Vec::new();
-    for (layer, rows) in by_layer(run) {
-        for (metric, get) in DIMENSIONALITY {
-            let series = median_series(&rows, get);
-            let Ok(detection) = jumps::detect(&series, &JumpConfig::default()) else {
+    for ((layer, metric), series) in layer_series(run) {
+        let Ok(detection) = jumps::detect(&series, &JumpConfig::default()) else {
+            continue;
+        };
+        for j in detection
+            .jumps
+            .iter()
+            .filter(|j| j.direction == Direction::Down)
+        {
+            if j.before <= 0.0 {
+                continue;
+            }
+            let rest: Vec<f64> = series
+                .iter()
+                .filter(|p| p.0 >= j.step)
+                .map(|p| p.1)
+                .collect();
+            let Some(after) = stats::median(&rest) else {
                 continue;
             };
-            for j in detection
-                .jumps
-                .iter()
-                .filter(|j| j.direction == Direction::Down)
-            {
-                if j.before <= 0.0 {
-                    continue;
-                }
-                let rest: Vec<f64> = series
-                    .iter()
-                    .filter(|p| p.0 >= j.step)
-                    .map(|p| p.1)
-                    .collect();
-                let Some(after) = stats::median(&rest) else {
-                    continue;
-                };
-                let drop = (j.before - after) / j.before;
-                if drop < t.collapse_drop {
-                    continue;
-                }
-                found.push(Diagnosis {
-                    message: format!(
-                        "dimensional collapse in {layer}: {metric} fell from {:.2} to {:.2} ({:.0}%) \
-                         at step {} and stayed down (jump of {:.1} noise units, confidence {:.3})",
-                        j.before,
-                        after,
-                        100.0 * drop,
-                        j.step,
-                        j.size,
-                        j.confidence
-                    ),
-                    evidence: Evidence::Collapse(CollapseEvidence {
-                        layer: layer.to_string(),
-                        metric: metric.into(),
-                        step: j.step,
-                        before: j.before,
-                        after,
-                        drop,
-                        size: j.size,
-                        confidence: j.confidence,
-                    }),
-                });
+            let drop = (j.before - after) / j.before;
+            if drop < t.collapse_drop {
+                continue;
             }
+            found.push(Diagnosis {
+                message: format!(
+                    "dimensional collapse in {layer}: {metric} fell from {:.2} to {:.2} ({:.0}%) \
+                     at step {} and stayed down (jump of {:.1} noise units, confidence {:.3})",
+                    j.before,
+                    after,
+                    100.0 * drop,
+                    j.step,
+                    j.size,
+                    j.confidence
+                ),
+                evidence: Evidence::Collapse(CollapseEvidence {
+                    layer: layer.clone(),
+                    metric: metric.clone(),
+                    step: j.step,
+                    before: j.before,
+                    after,
+                    drop,
+                    size: j.size,
+                    confidence: j.confidence,
+                }),
+            });
         }
     }
     found

@@ -21,7 +21,7 @@ mod timing;
 
 use serde::{Deserialize, Serialize};
 
-pub use layers::{collapse, dead_layers, nonfinite_onset, shard_skew};
+pub use layers::{collapse, dead_layers, layer_series, nonfinite_onset, shard_skew};
 pub use memory::memory_creep;
 pub use telemetry::{agent_overhead, telemetry_loss};
 pub use timing::{input_bound, node_imbalance, straggler};

@@ -1,0 +1,378 @@
+//! The query layer: SQL over the collector's output directory through DataFusion.
+//!
+//! Each of the six tables is registered as a listing table over its folder
+//! (`OUT/<table>/run_id=<run>/part-*.parquet`), with the schema the collector of
+//! this release writes. Older files that lack a newer column read it as null, and
+//! a column of another type is an error naming it. Only committed `*.parquet`
+//! files are read (files being written end in `.tmp`), so a report works while the
+//! run is still going. `run_id` is a column of every file, so it is not declared
+//! as a partition column.
+//!
+//! [`Dataset::run_data`] reads a run into the plain rows the diagnoses take
+//! ([`RunData`]); `summary`, `report` and `compare` run their aggregates as SQL.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, anyhow};
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef, UInt64Type};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use rankscope_collector::table::{Rows, Table};
+
+use crate::analysis::diagnoses::{EventRecord, LayerRecord, RankInfo, RunData, StepRecord};
+
+/// The collector's output directory, open for SQL.
+pub struct Dataset {
+    ctx: SessionContext,
+    runtime: tokio::runtime::Runtime,
+    out: PathBuf,
+}
+
+/// A run of the output directory, from its `runs` row or, while rank 0 has not
+/// been seen, from its other tables.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunInfo {
+    pub run_id: String,
+    pub world_size: Option<u64>,
+    pub mode: Option<String>,
+    pub sample_every: Option<u64>,
+    pub workload: Option<String>,
+    pub started_at: Option<String>,
+}
+
+/// A SQL string literal.
+pub fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+impl Dataset {
+    /// Opens `out`, the output directory of one or more collectors.
+    pub fn open(out: &Path) -> anyhow::Result<Dataset> {
+        if !out.is_dir() {
+            anyhow::bail!(
+                "{} is not a directory: pass the collector's --out directory",
+                out.display()
+            );
+        }
+        let out = out
+            .canonicalize()
+            .with_context(|| format!("cannot resolve {}", out.display()))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the query runtime")?;
+        let config = SessionConfig::new()
+            .with_target_partitions(std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let ctx = SessionContext::new_with_config(config);
+        for table in Table::ALL {
+            let schema = schema(table)?;
+            let dir = out.join(table.name());
+            let has_files = walk_has_parquet(&dir);
+            let name = table.name();
+            runtime
+                .block_on(async {
+                    if has_files {
+                        let url = format!("{}/", dir.display());
+                        let options = ParquetReadOptions {
+                            schema: Some(&schema),
+                            ..Default::default()
+                        };
+                        ctx.register_parquet(name, &url, options).await
+                    } else {
+                        // No rows yet: the same columns, empty, so queries still plan.
+                        let empty = MemTable::try_new(schema.clone(), vec![vec![]])?;
+                        ctx.register_table(name, Arc::new(empty)).map(|_| ())
+                    }
+                })
+                .with_context(|| format!("cannot open table {name} under {}", out.display()))?;
+        }
+        Ok(Dataset { ctx, runtime, out })
+    }
+
+    /// Runs one SQL query and collects its result.
+    pub fn sql(&self, query: &str) -> anyhow::Result<Vec<RecordBatch>> {
+        self.runtime
+            .block_on(async {
+                let frame = self.ctx.sql(query).await?;
+                frame.collect().await
+            })
+            .map_err(|e| {
+                anyhow!(
+                    "query failed under {}: {e} (are these the files of a rankscope collector of this release?)",
+                    self.out.display()
+                )
+            })
+    }
+
+    /// Every run in the directory, oldest first.
+    pub fn runs(&self) -> anyhow::Result<Vec<RunInfo>> {
+        let batches = self.sql(
+            "WITH seen AS (
+                 SELECT run_id FROM steps UNION SELECT run_id FROM layers
+                 UNION SELECT run_id FROM runs UNION SELECT run_id FROM events)
+             SELECT seen.run_id,
+                    CAST(max(r.world_size) AS BIGINT) AS world_size,
+                    max(r.mode) AS mode,
+                    CAST(max(r.sample_every) AS BIGINT) AS sample_every,
+                    max(r.workload) AS workload,
+                    CAST(min(r.started_at) AS VARCHAR) AS started_at,
+                    min(r.started_at) AS t
+             FROM seen LEFT JOIN runs r ON r.run_id = seen.run_id
+             GROUP BY seen.run_id
+             ORDER BY t NULLS LAST, seen.run_id",
+        )?;
+        let mut runs = Vec::new();
+        for b in &batches {
+            let ids = strings(b, "run_id")?;
+            let world = ints(b, "world_size")?;
+            let mode = strings(b, "mode")?;
+            let every = ints(b, "sample_every")?;
+            let workload = strings(b, "workload")?;
+            let started = strings(b, "started_at")?;
+            for i in 0..b.num_rows() {
+                let Some(run_id) = ids[i].clone() else {
+                    continue;
+                };
+                runs.push(RunInfo {
+                    run_id,
+                    world_size: world[i].map(|v| v as u64),
+                    mode: mode[i].clone(),
+                    sample_every: every[i].map(|v| v as u64),
+                    workload: workload[i].clone().filter(|w| !w.is_empty()),
+                    started_at: started[i].clone(),
+                });
+            }
+        }
+        Ok(runs)
+    }
+
+    /// The run `run_id`, or the latest run when `None`; an error lists the runs
+    /// there are when it is not found.
+    pub fn run(&self, run_id: Option<&str>) -> anyhow::Result<RunInfo> {
+        let runs = self.runs()?;
+        match run_id {
+            None => runs.last().cloned().ok_or_else(|| {
+                anyhow!(
+                    "{} holds no run yet: point --out at a collector's output directory",
+                    self.out.display()
+                )
+            }),
+            Some(id) => runs
+                .iter()
+                .find(|r| r.run_id == id)
+                .cloned()
+                .ok_or_else(|| {
+                    let known: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
+                    anyhow!(
+                        "run {id:?} is not in {}; runs there: {}",
+                        self.out.display(),
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    )
+                }),
+        }
+    }
+
+    /// The rows of `run_id` that the diagnoses read.
+    pub fn run_data(&self, run_id: &str) -> anyhow::Result<RunData> {
+        let id = literal(run_id);
+        let mut run = RunData::default();
+        // Ranks: the `ranks` rows (sent at finish), plus every rank seen in
+        // `steps` so a run still going is covered.
+        for b in &self.sql(&format!(
+            "SELECT CAST(s.rank AS BIGINT) AS rank_id,
+                    CAST(max(r.node_rank) AS BIGINT) AS node_rank,
+                    max(r.hostname) AS hostname
+             FROM (SELECT DISTINCT rank FROM steps WHERE run_id = {id}
+                   UNION SELECT rank FROM ranks WHERE run_id = {id}) s
+             LEFT JOIN ranks r ON r.run_id = {id} AND r.rank = s.rank
+             GROUP BY s.rank ORDER BY rank_id"
+        ))? {
+            let (rank, node, host) = (
+                ints(b, "rank_id")?,
+                ints(b, "node_rank")?,
+                strings(b, "hostname")?,
+            );
+            for i in 0..b.num_rows() {
+                run.ranks.push(RankInfo {
+                    rank: rank[i].unwrap_or_default() as u32,
+                    node_rank: node[i].unwrap_or_default() as u32,
+                    hostname: host[i].clone().unwrap_or_default(),
+                });
+            }
+        }
+        for b in &self.sql(&format!(
+            "SELECT CAST(rank AS BIGINT) AS rank, CAST(step AS BIGINT) AS step,
+                    step_ms, data_ms, forward_ms, backward_ms, optimizer_ms, comm_ms,
+                    overhead_ms, loss, grad_norm,
+                    CAST(rss_bytes AS BIGINT) AS rss_bytes,
+                    CAST(device_allocated_bytes AS BIGINT) AS device_allocated_bytes
+             FROM steps WHERE run_id = {id} ORDER BY rank, step"
+        ))? {
+            let rank = ints(b, "rank")?;
+            let step = ints(b, "step")?;
+            let [step_ms, data, fwd, bwd, opt, comm, over, loss, gn] = [
+                "step_ms",
+                "data_ms",
+                "forward_ms",
+                "backward_ms",
+                "optimizer_ms",
+                "comm_ms",
+                "overhead_ms",
+                "loss",
+                "grad_norm",
+            ]
+            .map(|c| floats(b, c));
+            let (rss, dev) = (ints(b, "rss_bytes")?, ints(b, "device_allocated_bytes")?);
+            let (step_ms, data, fwd, bwd, opt) = (step_ms?, data?, fwd?, bwd?, opt?);
+            let (comm, over, loss, gn) = (comm?, over?, loss?, gn?);
+            for i in 0..b.num_rows() {
+                run.steps.push(StepRecord {
+                    rank: rank[i].unwrap_or_default() as u32,
+                    step: step[i].unwrap_or_default() as u64,
+                    step_ms: step_ms[i].unwrap_or_default(),
+                    data_ms: data[i],
+                    forward_ms: fwd[i],
+                    backward_ms: bwd[i],
+                    optimizer_ms: opt[i],
+                    comm_ms: comm[i],
+                    overhead_ms: over[i].unwrap_or_default(),
+                    loss: loss[i],
+                    grad_norm: gn[i],
+                    rss_bytes: rss[i].map(|v| v as u64),
+                    device_allocated_bytes: dev[i].map(|v| v as u64),
+                });
+            }
+        }
+        for b in &self.sql(&format!(
+            "SELECT CAST(rank AS BIGINT) AS rank, CAST(step AS BIGINT) AS step, layer,
+                    stable_rank, effective_rank, zero_fraction,
+                    CAST(nonfinite AS BIGINT) AS nonfinite
+             FROM layers WHERE run_id = {id} ORDER BY layer, rank, step"
+        ))? {
+            let (rank, step, layer) = (ints(b, "rank")?, ints(b, "step")?, strings(b, "layer")?);
+            let (stable, effective) = (floats(b, "stable_rank")?, floats(b, "effective_rank")?);
+            let (zero, nonfinite) = (floats(b, "zero_fraction")?, ints(b, "nonfinite")?);
+            for i in 0..b.num_rows() {
+                run.layers.push(LayerRecord {
+                    rank: rank[i].unwrap_or_default() as u32,
+                    step: step[i].unwrap_or_default() as u64,
+                    layer: layer[i].clone().unwrap_or_default(),
+                    stable_rank: stable[i],
+                    effective_rank: effective[i],
+                    zero_fraction: zero[i],
+                    nonfinite: nonfinite[i].unwrap_or_default() as u64,
+                });
+            }
+        }
+        for b in &self.sql(&format!(
+            "SELECT CAST(rank AS BIGINT) AS rank, kind, value, CAST(step AS BIGINT) AS step
+             FROM events WHERE run_id = {id} ORDER BY rank, time"
+        ))? {
+            let (rank, kind) = (ints(b, "rank")?, strings(b, "kind")?);
+            let (value, step) = (ints(b, "value")?, ints(b, "step")?);
+            for i in 0..b.num_rows() {
+                run.events.push(EventRecord {
+                    rank: rank[i].unwrap_or_default() as u32,
+                    kind: kind[i].clone().unwrap_or_default(),
+                    value: value[i],
+                    step: step[i].map(|v| v as u64),
+                });
+            }
+        }
+        Ok(run)
+    }
+}
+
+/// The Arrow schema the collector writes for `table`.
+fn schema(table: Table) -> anyhow::Result<SchemaRef> {
+    Ok(Rows::empty(table).to_record_batch("schema")?.schema())
+}
+
+/// Whether `dir` holds a committed Parquet file at any depth.
+fn walk_has_parquet(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let path = e.path();
+        if path.is_dir() {
+            walk_has_parquet(&path)
+        } else {
+            path.extension().is_some_and(|x| x == "parquet")
+        }
+    })
+}
+
+fn column<'a>(b: &'a RecordBatch, name: &str) -> anyhow::Result<&'a dyn Array> {
+    b.column_by_name(name)
+        .map(|c| c.as_ref())
+        .ok_or_else(|| anyhow!("the query result has no column {name}"))
+}
+
+fn wrong(name: &str, found: &DataType, want: &str) -> anyhow::Error {
+    anyhow!("the query result's column {name} is {found}, not {want}")
+}
+
+/// A Float64 column of a query result.
+pub fn floats(b: &RecordBatch, name: &str) -> anyhow::Result<Vec<Option<f64>>> {
+    let c = column(b, name)?;
+    Ok(c.as_primitive_opt::<Float64Type>()
+        .ok_or_else(|| wrong(name, c.data_type(), "Float64"))?
+        .iter()
+        .collect())
+}
+
+/// An Int64 (or UInt64) column of a query result, as i64.
+pub fn ints(b: &RecordBatch, name: &str) -> anyhow::Result<Vec<Option<i64>>> {
+    let c = column(b, name)?;
+    if let Some(a) = c.as_primitive_opt::<Int64Type>() {
+        return Ok(a.iter().collect());
+    }
+    Ok(c.as_primitive_opt::<UInt64Type>()
+        .ok_or_else(|| wrong(name, c.data_type(), "Int64"))?
+        .iter()
+        .map(|v| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX)))
+        .collect())
+}
+
+/// A string column of a query result (Utf8, Utf8View or a dictionary of them).
+pub fn strings(b: &RecordBatch, name: &str) -> anyhow::Result<Vec<Option<String>>> {
+    let c = column(b, name)?;
+    let cast = arrow::compute::cast(c, &DataType::Utf8)
+        .map_err(|_| wrong(name, c.data_type(), "a string"))?;
+    Ok(cast
+        .as_string::<i32>()
+        .iter()
+        .map(|v| v.map(str::to_string))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_are_quoted() {
+        assert_eq!(literal("a'b"), "'a''b'");
+    }
+
+    #[test]
+    fn a_missing_or_empty_directory_is_a_clear_error_or_empty() {
+        let err = Dataset::open(Path::new("/nonexistent/rankscope-out"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("is not a directory"), "{err}");
+        let empty = tempfile::tempdir().unwrap();
+        let data = Dataset::open(empty.path()).unwrap();
+        assert!(data.runs().unwrap().is_empty());
+        let err = data.run(None).unwrap_err().to_string();
+        assert!(err.contains("holds no run yet"), "{err}");
+    }
+}

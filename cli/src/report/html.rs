@@ -1,0 +1,403 @@
+//! The report page: one self-contained HTML file (inline CSS and SVG, no script,
+//! no network), with the diagnoses first and then the pictures.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use super::plots::{self, SMALL, Series, WIDE};
+use super::summary::{LayerSummary, Report};
+use crate::analysis::diagnoses::RunData;
+
+/// Columns of the step-time heatmap at most (steps are binned beyond that).
+const HEATMAP_COLUMNS: usize = 240;
+/// Points per line of the memory chart at most.
+const LINE_POINTS: usize = 600;
+
+/// Text safe inside HTML elements and attributes.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = "
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1000px; color: #1d1d1f; }
+h1 { margin-bottom: 4px; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 32px; }
+.meta { color: #555; } .note { color: #666; font-size: 13px; }
+.diagnosis { border-left: 4px solid #d9822b; background: #fff7ee; padding: 8px 12px; margin: 8px 0; }
+.diagnosis .kind { font-weight: 600; text-transform: uppercase; font-size: 12px; color: #a5531a; }
+.healthy { border-left: 4px solid #3a9a5b; background: #f0faf3; padding: 8px 12px; }
+details pre { font-size: 12px; background: #f6f6f6; padding: 8px; overflow-x: auto; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+th, td { border-bottom: 1px solid #eee; padding: 3px 10px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+.grid { display: flex; flex-wrap: wrap; gap: 8px; }
+svg { display: block; }
+";
+
+/// The whole page.
+pub fn page(report: &Report, data: &RunData) -> anyhow::Result<String> {
+    let run = &report.run;
+    let mut h = String::new();
+    writeln!(
+        h,
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>rankscope report: {}</title><style>{STYLE}</style></head><body>",
+        escape(&run.run_id)
+    )?;
+    writeln!(
+        h,
+        "<header><h1>rankscope report</h1><p class=\"meta\">run <b>{}</b> · {} ranks seen, {} finished{} · mode {} · {}last step {}</p></header>",
+        escape(&run.run_id),
+        run.ranks_seen,
+        run.ranks_finished,
+        run.world_size.map_or(String::new(), |w| format!(" of {w}")),
+        escape(run.mode.as_deref().unwrap_or("?")),
+        run.workload
+            .as_deref()
+            .map_or(String::new(), |w| format!("workload {} · ", escape(w))),
+        run.last_step.map_or("-".into(), |s| s.to_string()),
+    )?;
+    if run.ranks_finished < run.ranks_seen {
+        writeln!(
+            h,
+            "<p class=\"note\">Some ranks have not finished: this report covers the rows committed so far.</p>"
+        )?;
+    }
+    diagnoses(&mut h, report)?;
+    loss(&mut h, report)?;
+    step_time(&mut h, report, data)?;
+    phases(&mut h, report)?;
+    memory(&mut h, data)?;
+    overhead(&mut h, report)?;
+    layers(&mut h, &report.layers)?;
+    model(&mut h, report)?;
+    writeln!(
+        h,
+        "<footer class=\"note\"><p>Made by rankscope {}. Thresholds and methods: docs/diagnoses.md and docs/metrics.md. \
+         The same numbers in JSON: <code>rankscope report --json</code> (schema {} v{}).</p></footer></body></html>",
+        env!("CARGO_PKG_VERSION"),
+        super::summary::SCHEMA,
+        super::summary::SCHEMA_VERSION
+    )?;
+    Ok(h)
+}
+
+fn diagnoses(h: &mut String, report: &Report) -> anyhow::Result<()> {
+    writeln!(h, "<section id=\"diagnoses\"><h2>Diagnoses</h2>")?;
+    if report.diagnoses.is_empty() {
+        writeln!(
+            h,
+            "<div class=\"healthy\">No problem found: no straggler, input wait, node imbalance, memory creep, \
+             collapse, dead layer, NaN/Inf, shard skew, overhead above budget or lost telemetry.</div>"
+        )?;
+    }
+    for d in &report.diagnoses {
+        let evidence = serde_json::to_string_pretty(&d.evidence)?;
+        writeln!(
+            h,
+            "<div class=\"diagnosis\"><div class=\"kind\">{}</div><div>{}</div>\
+             <details><summary>evidence</summary><pre>{}</pre></details></div>",
+            escape(&d.evidence.kind().replace('_', " ")),
+            escape(&d.message),
+            escape(&evidence)
+        )?;
+    }
+    writeln!(h, "</section>")?;
+    Ok(())
+}
+
+fn loss(h: &mut String, report: &Report) -> anyhow::Result<()> {
+    writeln!(h, "<section id=\"loss\"><h2>Loss</h2>")?;
+    match &report.loss {
+        None => writeln!(
+            h,
+            "<p class=\"note\">No loss was recorded (<code>s.loss</code> / <code>record(loss=...)</code>).</p>"
+        )?,
+        Some(l) => {
+            let marks: Vec<f64> = l.jumps.iter().map(|j| j.step as f64).collect();
+            writeln!(
+                h,
+                "<p class=\"meta\">first {:.4} · final {:.4} · min {:.4} · {} jumps (red dashes)</p>",
+                l.first,
+                l.last,
+                l.min,
+                l.jumps.len()
+            )?;
+            h.push_str(&plots::lines(
+                "mean loss over ranks",
+                "loss",
+                &[Series {
+                    name: "loss".into(),
+                    points: l.series.iter().map(|p| (p.0 as f64, p.1)).collect(),
+                }],
+                &marks,
+                WIDE,
+            )?);
+        }
+    }
+    writeln!(h, "</section>")?;
+    Ok(())
+}
+
+fn step_time(h: &mut String, report: &Report, data: &RunData) -> anyhow::Result<()> {
+    writeln!(h, "<section id=\"step-time\"><h2>Step time per rank</h2>")?;
+    let (Some(first), Some(last)) = (
+        data.steps.iter().map(|s| s.step).min(),
+        data.steps.iter().map(|s| s.step).max(),
+    ) else {
+        writeln!(h, "<p class=\"note\">No steps yet.</p></section>")?;
+        return Ok(());
+    };
+    let span = (last - first + 1) as usize;
+    let width = span.div_ceil(HEATMAP_COLUMNS).max(1);
+    let cols = span.div_ceil(width);
+    let mut cells: BTreeMap<u32, Vec<(f64, u32)>> = BTreeMap::new();
+    for s in &data.steps {
+        let row = cells.entry(s.rank).or_insert_with(|| vec![(0.0, 0); cols]);
+        let c = ((s.step - first) as usize / width).min(cols - 1);
+        row[c].0 += s.step_ms;
+        row[c].1 += 1;
+    }
+    let rows: Vec<(String, Vec<Option<f64>>)> = cells
+        .into_iter()
+        .map(|(rank, row)| {
+            let values = row
+                .into_iter()
+                .map(|(sum, n)| (n > 0).then(|| sum / f64::from(n)))
+                .collect();
+            (rank.to_string(), values)
+        })
+        .collect();
+    let title = if width > 1 {
+        format!("step ms, rank × step (mean of {width} steps per cell)")
+    } else {
+        "step ms, rank × step".to_string()
+    };
+    h.push_str(&plots::heatmap(&title, &rows, first as f64, width as f64)?);
+    writeln!(
+        h,
+        "<table><tr><th>rank</th><th>node</th><th>steps</th><th>step p50</th><th>p95</th><th>p99</th><th>comm p50</th></tr>"
+    )?;
+    for r in &report.ranks {
+        let get = |phase: &str, f: fn(&super::summary::PhaseStats) -> f64| {
+            r.phases
+                .get(phase)
+                .map_or("-".to_string(), |p| format!("{:.2}", f(p)))
+        };
+        writeln!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            r.rank,
+            r.node_rank,
+            r.steps,
+            get("step", |p| p.p50),
+            get("step", |p| p.p95),
+            get("step", |p| p.p99),
+            get("comm", |p| p.p50),
+        )?;
+    }
+    writeln!(
+        h,
+        "</table><p class=\"note\">Times in ms. comm: all-reduce launch to completion; the rank that waits least is the one the others wait for.</p></section>"
+    )?;
+    Ok(())
+}
+
+fn phases(h: &mut String, report: &Report) -> anyhow::Result<()> {
+    writeln!(h, "<section id=\"phases\"><h2>Phase split per rank</h2>")?;
+    let names = ["data", "forward", "backward", "optimizer"];
+    let categories: Vec<String> = report
+        .ranks
+        .iter()
+        .map(|r| format!("rank {}", r.rank))
+        .collect();
+    let mean = |r: &super::summary::RankSummary, p: &str| r.phases.get(p).map_or(0.0, |s| s.mean);
+    let mut parts: Vec<(String, Vec<f64>)> = names
+        .iter()
+        .map(|p| {
+            (
+                p.to_string(),
+                report.ranks.iter().map(|r| mean(r, p)).collect(),
+            )
+        })
+        .collect();
+    parts.push((
+        "other".into(),
+        report
+            .ranks
+            .iter()
+            .map(|r| (mean(r, "step") - names.iter().map(|p| mean(r, p)).sum::<f64>()).max(0.0))
+            .collect(),
+    ));
+    h.push_str(&plots::stacked_bars(
+        "mean ms per step, by phase",
+        "ms",
+        &categories,
+        &parts,
+    )?);
+    writeln!(
+        h,
+        "<p class=\"note\">other: step time outside the timed phases. The all-reduce overlaps backward, so it is not a segment here (see the table above).</p></section>"
+    )?;
+    Ok(())
+}
+
+/// Every `n`-th point, so a line has at most `max` points.
+fn thin(points: Vec<(f64, f64)>, max: usize) -> Vec<(f64, f64)> {
+    let every = points.len().div_ceil(max).max(1);
+    points.into_iter().step_by(every).collect()
+}
+
+fn memory(h: &mut String, data: &RunData) -> anyhow::Result<()> {
+    writeln!(h, "<section id=\"memory\"><h2>Memory per rank</h2>")?;
+    let mut rss: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut device: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
+    for s in &data.steps {
+        if let Some(b) = s.rss_bytes {
+            rss.entry(s.rank)
+                .or_default()
+                .push((s.step as f64, b as f64 / 1048576.0));
+        }
+        if let Some(b) = s.device_allocated_bytes {
+            device
+                .entry(s.rank)
+                .or_default()
+                .push((s.step as f64, b as f64 / 1048576.0));
+        }
+    }
+    for (title, lines) in [("host RSS (MiB)", rss), ("device allocated (MiB)", device)] {
+        if lines.is_empty() {
+            continue;
+        }
+        let series: Vec<Series> = lines
+            .into_iter()
+            .map(|(rank, points)| Series {
+                name: format!("rank {rank}"),
+                points: thin(points, LINE_POINTS),
+            })
+            .collect();
+        h.push_str(&plots::lines(title, "MiB", &series, &[], WIDE)?);
+    }
+    writeln!(h, "</section>")?;
+    Ok(())
+}
+
+fn overhead(h: &mut String, report: &Report) -> anyhow::Result<()> {
+    writeln!(
+        h,
+        "<section id=\"overhead\"><h2>Agent overhead per rank</h2>"
+    )?;
+    let categories: Vec<String> = report
+        .ranks
+        .iter()
+        .map(|r| format!("rank {}", r.rank))
+        .collect();
+    let values: Vec<f64> = report
+        .ranks
+        .iter()
+        .map(|r| r.overhead_pct.unwrap_or(0.0))
+        .collect();
+    h.push_str(&plots::stacked_bars(
+        "agent time on the training thread, % of step time",
+        "%",
+        &categories,
+        &[("overhead %".into(), values)],
+    )?);
+    let dropped: i64 = report.ranks.iter().map(|r| r.samples_dropped).sum();
+    let rows: i64 = report.ranks.iter().map(|r| r.rows_dropped).sum();
+    writeln!(
+        h,
+        "<p class=\"meta\">activation samples dropped: {dropped} · rows dropped: {rows}</p></section>"
+    )?;
+    Ok(())
+}
+
+fn layers(h: &mut String, layers: &[LayerSummary]) -> anyhow::Result<()> {
+    writeln!(
+        h,
+        "<section id=\"layers\"><h2>Layer dimensionality</h2>\
+         <p class=\"note\">Median over ranks per sampled step: stable rank (first colour) and effective rank (second); red dashes: detected jumps.</p><div class=\"grid\">"
+    )?;
+    if layers.is_empty() {
+        writeln!(h, "<p class=\"note\">No layer was sampled.</p>")?;
+    }
+    for l in layers {
+        let mut series = Vec::new();
+        let mut marks = Vec::new();
+        for (name, t) in [("stable", &l.stable_rank), ("effective", &l.effective_rank)] {
+            if let Some(t) = t {
+                series.push(Series {
+                    name: name.into(),
+                    points: t.series.iter().map(|p| (p.0 as f64, p.1)).collect(),
+                });
+                marks.extend(t.jumps.iter().map(|j| j.step as f64));
+            }
+        }
+        h.push_str(&format!(
+            "<div class=\"layer\" data-layer=\"{}\">",
+            escape(&l.layer)
+        ));
+        h.push_str(&plots::lines(&l.layer, "", &series, &marks, SMALL)?);
+        h.push_str("</div>");
+    }
+    writeln!(h, "</div></section>")?;
+    Ok(())
+}
+
+fn model(h: &mut String, report: &Report) -> anyhow::Result<()> {
+    writeln!(h, "<section id=\"model\"><h2>Model profile</h2>")?;
+    if report.model.is_empty() {
+        writeln!(
+            h,
+            "<p class=\"note\">No model profile was sent (<code>agent.profile(model)</code>).</p></section>"
+        )?;
+        return Ok(());
+    }
+    writeln!(
+        h,
+        "<table><tr><th>layer</th><th>kind</th><th>params</th><th>bytes</th><th>forward FLOPs</th><th>output shape</th></tr>"
+    )?;
+    for m in &report.model {
+        writeln!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&m.layer),
+            escape(&m.kind),
+            m.params,
+            plots::short(m.param_bytes as f64),
+            plots::short(m.forward_flops as f64),
+            escape(&m.output_shape)
+        )?;
+    }
+    let params: u64 = report.model.iter().map(|m| m.params).sum();
+    let flops: u64 = report.model.iter().map(|m| m.forward_flops).sum();
+    writeln!(
+        h,
+        "<tr><th>total</th><th></th><th>{params}</th><th></th><th>{}</th><th></th></tr></table></section>",
+        plots::short(flops as f64)
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_escaped() {
+        assert_eq!(
+            escape("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+}

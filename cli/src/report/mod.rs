@@ -1,0 +1,99 @@
+//! `rankscope report`: a run's answers in one self-contained HTML page and a
+//! versioned JSON summary, from SQL over the collector's output directory. It
+//! reads whatever files are committed, so it works while the run is going.
+//!
+//! Layout:
+//! - `summary`: the JSON schema and how it is built (SQL, the diagnoses, jumps);
+//! - `plots`: the SVG charts (plotters);
+//! - `html`: the page.
+
+pub mod html;
+pub mod plots;
+pub mod summary;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::query::Dataset;
+pub use summary::Report;
+
+/// Write a run's report: diagnoses, loss, step time, phases, memory, overhead,
+/// layer dimensionality with jumps, and the model profile.
+#[derive(clap::Args, Clone, Debug)]
+#[command(
+    after_help = "Without --html or --json, the page is written to OUT/report-<run>.html.
+
+Examples:
+  rankscope report rankscope-out                          # the latest run
+  rankscope report rankscope-out --run run-1763790000-123 --html report.html
+  rankscope report rankscope-out --json - | jq '.diagnoses[].kind'"
+)]
+pub struct Args {
+    /// The collector's output directory.
+    #[arg(default_value = rankscope_collector::CollectorConfig::DEFAULT_OUT)]
+    pub out: PathBuf,
+    /// The run to report on (default: the latest run).
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Write the HTML page here.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+    /// Write the JSON summary here (`-` for standard output).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let dataset = Dataset::open(&args.out)?;
+    let (report, data) = build(&dataset, args.run.as_deref())?;
+    let html_path = match (&args.html, &args.json) {
+        (Some(p), _) => Some(p.clone()),
+        (None, None) => Some(default_path(&args.out, &report.run.run_id)),
+        (None, Some(_)) => None,
+    };
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        if path.as_os_str() == "-" {
+            println!("{json}");
+        } else {
+            write(path, &json)?;
+            eprintln!("JSON summary: {}", path.display());
+        }
+    }
+    if let Some(path) = html_path {
+        write(&path, &html::page(&report, &data)?)?;
+        for d in &report.diagnoses {
+            eprintln!("{}: {}", d.evidence.kind(), d.message);
+        }
+        if report.diagnoses.is_empty() {
+            eprintln!("no problem found");
+        }
+        println!("report: {}", path.display());
+    }
+    Ok(())
+}
+
+/// The report of `run` (the latest when `None`) and the rows it was made from.
+pub fn build(
+    dataset: &Dataset,
+    run: Option<&str>,
+) -> anyhow::Result<(Report, crate::analysis::diagnoses::RunData)> {
+    let info = dataset.run(run)?;
+    let data = dataset.run_data(&info.run_id)?;
+    let report = summary::build(dataset, &info, &data)?;
+    Ok((report, data))
+}
+
+/// Where the page goes when no path is given.
+pub fn default_path(out: &Path, run_id: &str) -> PathBuf {
+    out.join(format!("report-{run_id}.html"))
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the folder {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
