@@ -258,6 +258,15 @@ pub fn signal(pid: u32, name: &str) {
         .status();
 }
 
+/// Sends a signal by name to every process of process group `pgid`.
+pub fn signal_group(pgid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg("--")
+        .arg(format!("-{pgid}"))
+        .status();
+}
+
 fn wait_for(child: &mut Child, limit: Duration) -> bool {
     let start = Instant::now();
     while start.elapsed() < limit {

@@ -8,12 +8,13 @@
 //! all-reduce), so a cut can stall nothing but telemetry. Needs root; skipped,
 //! loudly, only where namespaces cannot be made (and never under CI).
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rankscope_tests::netns::Star;
 use rankscope_tests::training::{assert_exact, launch, train, wait_for_data, wait_ok};
-use rankscope_tests::{CollectorProc, count, duckdb, random_ms, table};
+use rankscope_tests::{CollectorProc, count, duckdb, random_ms, signal_group, table};
 
 /// How long the links stay down.
 const CUT: Duration = Duration::from_secs(4);
@@ -29,6 +30,20 @@ fn now_us() -> u64 {
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
         .as_micros() as u64
+}
+
+/// The nodes' `rankscope launch` processes, each leading a process group with its
+/// ranks: a failing test kills them all instead of leaving them to train on in
+/// deleted namespaces.
+struct Launched(Vec<Option<Child>>);
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        for child in self.0.iter_mut().flatten() {
+            signal_group(child.id(), "KILL");
+            let _ = child.wait();
+        }
+    }
 }
 
 /// The SQL condition "the row's rank is on node `node`".
@@ -68,21 +83,25 @@ fn nodes_cut_off_mid_run_lose_nothing_duplicate_nothing_and_never_stall() {
     let port = collector.addr.rsplit_once(':').unwrap().1.to_string();
 
     // Node i holds global ranks 2i and 2i+1 and sends to the hub's end of its link.
-    let nodes: Vec<Child> = (0..NODES)
-        .map(|i| {
-            let collector = format!("{}:{port}", Star::hub_addr(i));
-            let mut ranks = train(&collector, RUN_ID, STEPS, spill.path(), "60s");
-            ranks.env("RANKSCOPE_TOKEN", TOKEN);
-            let (nnodes, node_rank) = (NODES.to_string(), i.to_string());
-            let launch_args = ["--nnodes", &nnodes, "--node-rank", &node_rank];
-            let node = launch(RANKS_PER_NODE, &launch_args, &ranks);
-            Star::exec_in(&star.nodes[i], &node)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let mut nodes = Launched(
+        (0..NODES)
+            .map(|i| {
+                let collector = format!("{}:{port}", Star::hub_addr(i));
+                let mut ranks = train(&collector, RUN_ID, STEPS, spill.path(), "60s");
+                ranks.env("RANKSCOPE_TOKEN", TOKEN);
+                let (nnodes, node_rank) = (NODES.to_string(), i.to_string());
+                let launch_args = ["--nnodes", &nnodes, "--node-rank", &node_rank];
+                let node = launch(RANKS_PER_NODE, &launch_args, &ranks);
+                let child = Star::exec_in(&star.nodes[i], &node)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .process_group(0)
+                    .spawn()
+                    .unwrap();
+                Some(child)
+            })
+            .collect(),
+    );
 
     // Cut nodes 0 and 1 at a random moment (printed) once their rows are flowing.
     wait_for_data(&out, Duration::from_secs(120));
@@ -140,7 +159,8 @@ fn nodes_cut_off_mid_run_lose_nothing_duplicate_nothing_and_never_stall() {
         );
     }
 
-    for (i, node) in nodes.into_iter().enumerate() {
+    for (i, node) in nodes.0.iter_mut().enumerate() {
+        let node = node.take().expect("each node waited for once");
         let text = wait_ok(node, &format!("node {i}'s training"));
         let finished: Vec<&str> = text.lines().filter(|l| l.contains("telemetry:")).collect();
         assert_eq!(finished.len(), RANKS_PER_NODE as usize, "{text}");
