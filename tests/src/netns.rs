@@ -57,6 +57,13 @@ fn run_ip<S: AsRef<OsStr>>(args: &[S]) -> Result<(), String> {
     }
 }
 
+/// Prints `text` framed in stars straight to stderr: the test harness captures
+/// `eprintln!` of a passing test, and a skipped check must be seen.
+pub fn shout(text: &str) {
+    let bar = "*".repeat(72);
+    let _ = std::io::stderr().write_all(format!("\n{bar}\n{text}\n{bar}\n").as_bytes());
+}
+
 /// The veth device of every node, on both ends (each end in its own namespace).
 const NODE_DEV: &str = "uplink";
 
@@ -122,14 +129,10 @@ impl Star {
                 panic!("{test}: cannot make network namespaces under CI: {why}")
             }
             Err(why) => {
-                let bar = "*".repeat(72);
-                let text = format!(
-                    "\n{bar}\nSKIPPED {test}: cannot make network namespaces: {why}\n\
-                     It needs root and iproute2 (`ip`); run `make test` as root to run it.\n{bar}\n"
-                );
-                // Straight to stderr: the test harness captures eprintln! of a
-                // passing test, and a skip must be seen.
-                let _ = std::io::stderr().write_all(text.as_bytes());
+                shout(&format!(
+                    "SKIPPED {test}: cannot make network namespaces: {why}\n\
+                     It needs root and iproute2 (`ip`); run `make test` as root to run it."
+                ));
                 None
             }
         }

@@ -12,7 +12,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rankscope_tests::netns::Star;
+use rankscope_tests::netns::{Star, shout};
 use rankscope_tests::training::{assert_exact, launch, train, wait_for_data, wait_ok};
 use rankscope_tests::{CollectorProc, count, duckdb, random_ms, signal_group, table};
 
@@ -122,11 +122,10 @@ fn nodes_cut_off_mid_run_lose_nothing_duplicate_nothing_and_never_stall() {
     std::thread::sleep(Duration::from_secs(1));
     let dropped = star.drop_connections(1);
     if !dropped {
-        eprintln!(
-            "\n{bar}\nthis kernel cannot destroy sockets (no CONFIG_INET_DIAG_DESTROY): node 1's\n\
-             connections survive its cut like node 0's, and the reconnect is not tested\n{bar}\n",
-            bar = "*".repeat(72)
-        );
+        shout(&format!(
+            "{test}: this kernel cannot destroy sockets (no CONFIG_INET_DIAG_DESTROY): node 1's\n\
+             connections survive its cut like node 0's, and the reconnect is NOT tested"
+        ));
     }
     std::thread::sleep(CUT - Duration::from_millis(1500));
     // While they are cut: nothing they recorded since reaches the collector, and
