@@ -20,6 +20,11 @@ help: ## show the targets
 $(STAMP):
 	@command -v c++ >/dev/null || { echo "installing a C++ compiler (tch builds C++)"; \
 	  (command -v sudo >/dev/null && sudo apt-get install -y g++ || apt-get install -y g++); }
+	@# The multi-node test (tests/tests/multinode.rs) makes network namespaces with `ip`;
+	@# without it that test is skipped (loudly), so a failed install does not stop setup.
+	@PATH="$$PATH:/usr/sbin:/sbin" command -v ip >/dev/null || { echo "installing iproute2 (the multi-node test uses ip netns)"; \
+	  (command -v sudo >/dev/null && sudo apt-get install -y iproute2 || apt-get install -y iproute2) \
+	  || echo "could not install iproute2: the multi-node test will be skipped"; }
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 || { echo "installing python3-venv"; \
 	  (command -v sudo >/dev/null && sudo apt-get install -y python3-venv || apt-get install -y python3-venv); }
 	$(PYTHON) -m venv $(VENV)

@@ -3,11 +3,18 @@
 //!
 //! Layout:
 //! - [`bin`]: where the built binaries and the venv's tools are;
-//! - [`CollectorProc`]: a collector process on 127.0.0.1:0 with its own directory;
+//! - [`CollectorProc`]: a collector process on 127.0.0.1:0 with its own directory
+//!   (or in a network namespace of [`netns`]);
 //! - [`RawStream`], [`hello`], [`batch`]: the protocol spoken by hand, as an agent
 //!   would (or as a broken one would);
 //! - [`duckdb`]: queries run through the `duckdb` command;
-//! - [`ddp_example`]: the Python package's DDP example under the real `torchrun`.
+//! - [`training`]: real training ranks (`rankscope train`, `rankscope launch`,
+//!   the Python package's DDP example under the real `torchrun`) and the
+//!   exact-count checks of what they sent;
+//! - [`netns`]: "nodes" in network namespaces joined by veth links (root only).
+
+pub mod netns;
+pub mod training;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -101,39 +108,6 @@ pub fn tool(name: &str) -> PathBuf {
     }
 }
 
-/// The PyTorch DDP example of the Python package.
-pub fn example() -> PathBuf {
-    workspace().join("agent/python/examples/ddp_train.py")
-}
-
-/// `torchrun ARGS... ddp_train.py SCRIPT_ARGS...` with the agent's variables
-/// (`make test` installs the `rankscope` package into `.venv` first).
-pub fn ddp_example(torchrun_args: &[&str], script_args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(tool("torchrun"));
-    cmd.args(torchrun_args)
-        .arg(example())
-        .args(script_args)
-        .env("RANKSCOPE_LOG", "warn")
-        .env("RANKSCOPE_SPILL_DIR", spill_dir())
-        // Layer rows are counted exactly: every sample must be measured, which the
-        // idle metrics thread does not promise on a busy small machine.
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
-        .env("OMP_NUM_THREADS", "1");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd
-}
-
-/// Runs `cmd`; panics with its output unless it succeeds.
-pub fn run_ok(mut cmd: Command) -> String {
-    let output: std::process::Output = cmd.output().expect("run torchrun (make setup installs it)");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{cmd:?} failed:\n{text}");
-    text
-}
-
 /// A collector process on 127.0.0.1 with a port of its own.
 pub struct CollectorProc {
     pub addr: String,
@@ -143,6 +117,8 @@ pub struct CollectorProc {
     child: Child,
     /// Where its stderr (the log) goes, when captured.
     log: Option<PathBuf>,
+    /// The last line it printed on stdout, once stdout closes.
+    last_line: Option<std::thread::JoinHandle<Option<String>>>,
 }
 
 impl CollectorProc {
@@ -153,25 +129,41 @@ impl CollectorProc {
 
     /// Starts the collector on a given address (for restarts on the same port).
     pub fn start_on(listen: &str, out: &Path, args: &[&str]) -> CollectorProc {
-        Self::spawn(listen, out, args, None)
+        Self::spawn(listen, out, args, None, None)
     }
 
     /// Starts the collector with its log (stderr, `warn` and up) written to `log`,
     /// for tests that check what it says; see [`CollectorProc::log`].
     pub fn start_logged(out: &Path, args: &[&str], log: &Path) -> CollectorProc {
-        Self::spawn("127.0.0.1:0", out, args, Some(log))
+        Self::spawn("127.0.0.1:0", out, args, Some(log), None)
     }
 
-    fn spawn(listen: &str, out: &Path, args: &[&str], log: Option<&Path>) -> CollectorProc {
+    /// Starts the collector inside network namespace `netns` (see [`netns`]);
+    /// `addr` is then the address it printed (`0.0.0.0:PORT` for `0.0.0.0:0`).
+    pub fn start_in_netns(netns: &str, listen: &str, out: &Path, args: &[&str]) -> CollectorProc {
+        Self::spawn(listen, out, args, None, Some(netns))
+    }
+
+    fn spawn(
+        listen: &str,
+        out: &Path,
+        args: &[&str],
+        log: Option<&Path>,
+        netns: Option<&str>,
+    ) -> CollectorProc {
         let stderr = match log {
             Some(path) => Stdio::from(std::fs::File::create(path).expect("create the log file")),
             None => Stdio::inherit(),
         };
-        let mut child = Command::new(bin("rankscope"))
-            .args(["collector", "--listen", listen, "--out"])
+        let mut cmd = Command::new(bin("rankscope"));
+        cmd.args(["collector", "--listen", listen, "--out"])
             .arg(out)
             .args(args)
-            .env("RANKSCOPE_LOG", "warn")
+            .env("RANKSCOPE_LOG", "warn");
+        if let Some(netns) = netns {
+            cmd = netns::Star::exec_in(netns, &cmd);
+        }
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
@@ -184,9 +176,9 @@ impl CollectorProc {
             .expect("utf-8");
         let addr = first
             .split_whitespace()
-            .find(|w| w.starts_with("127.0.0.1:"))
+            .map(|w| w.trim_end_matches(','))
+            .find(|w| w.parse::<std::net::SocketAddr>().is_ok())
             .unwrap_or_else(|| panic!("no address in {first:?}"))
-            .trim_end_matches(',')
             .to_string();
         // With --http, the second line names the ops address.
         let http = args.contains(&"--http").then(|| {
@@ -199,14 +191,16 @@ impl CollectorProc {
                 .unwrap_or_else(|| panic!("no http:// address in {line:?}"))
                 .to_string()
         });
-        // Keep draining stdout so the collector never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        // Keep draining stdout so the collector never blocks on a full pipe; keep
+        // the last line (its summary, once it stopped).
+        let last_line = std::thread::spawn(move || lines.map_while(Result::ok).last());
         CollectorProc {
             addr,
             http,
             out: out.to_path_buf(),
             child,
             log: log.map(Path::to_path_buf),
+            last_line: Some(last_line),
         }
     }
 
@@ -233,6 +227,16 @@ impl CollectorProc {
         wait_for(&mut self.child, Duration::from_secs(60))
     }
 
+    /// SIGTERM, then waits for exit; returns the summary it printed last
+    /// ("rankscope collector stopped: N streams, M batches (D duplicates dropped,
+    /// ...") if it exited 0.
+    pub fn stop_with_summary(mut self) -> Option<String> {
+        signal(self.child.id(), "TERM");
+        let ok = wait_for(&mut self.child, Duration::from_secs(60));
+        let last = self.last_line.take().and_then(|t| t.join().ok()).flatten();
+        last.filter(|_| ok)
+    }
+
     /// SIGKILL: a crash.
     pub fn kill(mut self) {
         let _ = self.child.kill();
@@ -252,6 +256,15 @@ pub fn signal(pid: u32, name: &str) {
     let _ = Command::new("kill")
         .arg(format!("-{name}"))
         .arg(pid.to_string())
+        .status();
+}
+
+/// Sends a signal by name to every process of process group `pgid`.
+pub fn signal_group(pgid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg("--")
+        .arg(format!("-{pgid}"))
         .status();
 }
 

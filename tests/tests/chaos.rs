@@ -3,107 +3,10 @@
 //! check reads the Parquet files with the real DuckDB CLI.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rankscope_tests::{
-    CollectorProc, bin, count, count_by_rank, duckdb, free_port, random_ms, rankscope, table,
-};
-
-/// `rankscope train` of the transformer (slow enough per step to be interrupted).
-fn train(collector: &str, run_id: &str, steps: u64, spill: &Path, finish: &str) -> Command {
-    let mut cmd = Command::new(bin("rankscope"));
-    cmd.args(["train", "--model", "transformer", "--device", "cpu"])
-        .args(["--steps", &steps.to_string(), "--sample-every", "10"])
-        .args(["--batch-size", "32", "--collector", collector])
-        .args(["--run-id", run_id, "--finish-timeout", finish])
-        .env("RANKSCOPE_SPILL_DIR", spill)
-        // Exact layer counts need every sample measured; in the default idle class
-        // the metrics thread may get no CPU time beside training on a small machine.
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
-        .env("RANKSCOPE_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
-
-/// Launched ranks of [`train`].
-fn launch(
-    ranks: u32,
-    collector: &str,
-    run_id: &str,
-    steps: u64,
-    spill: &Path,
-    finish: &str,
-) -> Child {
-    let inner = train(collector, run_id, steps, spill, finish);
-    let mut cmd = Command::new(bin("rankscope"));
-    cmd.args(["launch", "--nproc-per-node", &ranks.to_string(), "--"])
-        .arg(inner.get_program())
-        .args(inner.get_args())
-        .env("RANKSCOPE_SPILL_DIR", spill)
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
-        .env("RANKSCOPE_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd.spawn().unwrap()
-}
-
-fn wait_ok(child: Child, what: &str) -> String {
-    let output = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{what} failed: {text}");
-    text
-}
-
-/// Waits until some `steps` file is committed (data is flowing).
-fn wait_for_data(out: &Path, limit: Duration) {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        let any = std::fs::read_dir(out.join("steps"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|run| {
-                std::fs::read_dir(run.path())
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .any(|f| f.path().extension().is_some_and(|e| e == "parquet"))
-            });
-        if any {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("no data reached the collector within {limit:?}");
-}
-
-/// Per rank: steps rows = `steps`, no duplicate (rank, step) or (rank, step,
-/// layer), and layers rows = sampled steps × the layers seen.
-fn assert_exact(out: &Path, ranks: u32, steps: u64) {
-    let per_rank = |n: u64| (0..ranks).map(|r| (r, n)).collect::<Vec<_>>();
-    assert_eq!(count_by_rank(out, "steps"), per_rank(steps));
-    let layers = duckdb(&format!(
-        "select count(distinct layer) from {}",
-        table(out, "layers")
-    ));
-    let layers: u64 = layers.trim().parse().unwrap();
-    assert!(layers > 0);
-    assert_eq!(
-        count_by_rank(out, "layers"),
-        per_rank(steps.div_ceil(10) * layers)
-    );
-    for (name, key) in [("steps", "rank, step"), ("layers", "rank, step, layer")] {
-        let dups = duckdb(&format!(
-            "select count(*) from (select {key} from {} group by all having count(*) > 1)",
-            table(out, name)
-        ));
-        assert_eq!(dups.trim(), "0", "duplicates in {name}");
-    }
-    assert_eq!(count(out, "ranks", "finished_at is not null"), ranks as u64);
-}
+use rankscope_tests::training::{assert_exact, launch, train, wait_for_data, wait_ok};
+use rankscope_tests::{CollectorProc, count, duckdb, free_port, random_ms, rankscope, table};
 
 #[test]
 fn collector_killed_at_random_moments_of_a_training_run_loses_nothing() {
@@ -114,7 +17,13 @@ fn collector_killed_at_random_moments_of_a_training_run_loses_nothing() {
     let args = ["--max-file-age", "150ms"];
     let mut collector = CollectorProc::start_on(&listen, out, &args);
     let (ranks, steps) = (2, 300);
-    let run = launch(ranks, &listen, "chaos-train", steps, spill.path(), "60s");
+    let run = launch(
+        ranks,
+        &[],
+        &train(&listen, "chaos-train", steps, spill.path(), "60s"),
+    )
+    .spawn()
+    .unwrap();
     wait_for_data(out, Duration::from_secs(60));
     for _ in 0..2 {
         let pause = random_ms(50, 600);
@@ -139,7 +48,13 @@ fn collector_down_for_the_whole_run_gets_the_backlog_afterwards() {
     let (ranks, steps) = (2, 40);
     // Nothing listens: the ranks train, give up after the finish timeout, and
     // leave everything in their spill directories.
-    let run = launch(ranks, &listen, "backlog", steps, spill.path(), "1s");
+    let run = launch(
+        ranks,
+        &[],
+        &train(&listen, "backlog", steps, spill.path(), "1s"),
+    )
+    .spawn()
+    .unwrap();
     let text = wait_ok(run, "training without a collector");
     assert!(text.contains("rankscope replay"), "{text}");
     assert!(spill.path().join("backlog/rank-1").is_dir());

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use rankscope_tests::training::{ddp_example as torchrun, run_ok as run};
 use rankscope_tests::{
-    CollectorProc, count, count_by_rank, ddp_example as torchrun, duckdb, free_port, random_ms,
-    run_ok as run, spill_dir, table, tool,
+    CollectorProc, count, count_by_rank, duckdb, free_port, random_ms, spill_dir, table, tool,
 };
 
 /// Layers `watch` finds in the example's default model (2 blocks): tok, pos, then

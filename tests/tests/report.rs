@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rankscope_tests::{CollectorProc, bin, count, ddp_example, rankscope, run_ok};
+use rankscope_tests::training::{ddp_example, run_ok};
+use rankscope_tests::{CollectorProc, bin, count, rankscope};
 
 /// The sections the page must have, by element id.
 const SECTIONS: [&str; 8] = [
