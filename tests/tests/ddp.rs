@@ -4,14 +4,12 @@
 //!
 //! `make test` installs the package into `.venv` before the tests run.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use rankscope_tests::training::{ddp_example as torchrun, run_ok as run};
-use rankscope_tests::{
-    CollectorProc, count, count_by_rank, duckdb, free_port, random_ms, spill_dir, table, tool,
-};
+use rankscope_tests::{CollectorProc, count, count_by_rank, duckdb, free_port, random_ms, table};
 
 /// Layers `watch` finds in the example's default model (2 blocks): tok, pos, then
 /// per block ln1, attn.qkv, attn.proj, ln2, mlp.0, mlp.2, then ln_f and head.
