@@ -402,6 +402,7 @@ fn sampled_cost(addr: &str) -> anyhow::Result<(f64, f64, String)> {
         max_rows: rankscope_agent::config::DEFAULT_MAX_ROWS,
         centered: false,
         conv_layout: metrics::ConvLayout::default(),
+        spectrum: metrics::SpectrumOptions::default(),
     };
     let compute = std::thread::spawn(move || {
         rankscope_agent::threads::limit_this_thread(1);
