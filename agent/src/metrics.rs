@@ -4,10 +4,13 @@
 //! The pipeline ([`compute`]) has two typed steps. [`prepare`]: activation → matrix
 //! ([`to_matrix`]) → row sample ([`sample_rows`]), giving a [`Sample`]; in the agent it runs
 //! once, on the training thread, which hands the sample to the metrics thread. [`measure`]:
-//! float64 on the sample's own device → health metrics → optional centring → eigenvalues of
-//! the Gram matrix of the smaller side → [`spectral`]; the metrics thread runs only this.
-//! One Gram product and one symmetric eigen-solve serve all six spectral columns; there is no
-//! SVD on this path because it is two orders of magnitude slower on CPU.
+//! float64 on the sample's own device → health metrics → optional centring → the spectrum
+//! → [`spectral`]; the metrics thread runs only this. The spectrum is [`Method::Exact`]
+//! (eigenvalues of the Gram matrix of the smaller side: one Gram product and one symmetric
+//! eigen-solve serve all six columns; no SVD, which is two orders of magnitude slower on CPU)
+//! or, for matrices with at least [`SpectrumOptions::sketch_threshold`] rows and columns,
+//! [`Method::Sketch`] ([`sketch_spectral`]: randomized block Krylov estimates, whose errors
+//! `docs/metrics.md` states).
 //! [`LayerMetrics::into_layer_row`] is the one place the metrics become a `layers` row.
 //!
 //! # From an activation to a matrix A (n rows = samples, d columns = features)
@@ -149,6 +152,8 @@ const SKETCH_BLOCK: i64 = 32;
 const SKETCH_STEPS: usize = 5;
 /// Rademacher probes for the part of Σλ² outside the Krylov space (m).
 const SKETCH_PROBES: i64 = 32;
+/// Elements per block of the float64 health sums.
+const HEALTH_BLOCK: i64 = 1 << 20;
 /// A Ritz pair whose residual ‖G·v − θ·v‖ is at most this fraction of θ counts as an
 /// eigenpair (weight 1 in the trace estimates).
 const SKETCH_CONVERGED: f64 = 1e-3;
@@ -204,6 +209,19 @@ pub struct Spectral {
 }
 
 impl Spectral {
+    /// The six columns by name, in table order, as f64 (`None` as NaN).
+    pub fn named(&self) -> Vec<(&'static str, f64)> {
+        let v = |x: Option<f64>| x.unwrap_or(f64::NAN);
+        vec![
+            ("stable_rank", v(self.stable_rank)),
+            ("participation_ratio", v(self.participation_ratio)),
+            ("effective_rank", v(self.effective_rank)),
+            ("participation_ratio_sv", v(self.participation_ratio_sv)),
+            ("nuclear_norm_ratio", v(self.nuclear_norm_ratio)),
+            ("cum_energy_90", v(self.cum_energy_90.map(f64::from))),
+        ]
+    }
+
     /// The all-zero matrix: it spans no dimension (see the module conventions).
     fn zero() -> Spectral {
         Spectral {
@@ -462,39 +480,53 @@ fn measure_matrix(
     if n == 0 || d == 0 {
         return Ok(());
     }
-    let x = matrix.f_to_kind(Kind::Double)?;
-    let numel = x.numel() as u64;
-    // One pass each for Σx, ‖x‖ and the zeros, one device → host transfer for all
-    // three. A NaN or ±Inf anywhere makes Σx non-finite (in float64 the sum of finite
-    // float32 values cannot overflow), so finite input needs no isfinite pass.
-    let health = to_host(&Tensor::f_stack(
-        &[
-            x.f_sum(Kind::Double)?,
-            x.f_norm()?,
-            x.f_count_nonzero(None::<i64>)?.f_to_kind(Kind::Double)?,
-        ],
+    let numel = matrix.numel() as u64;
+    // Σx, Σx² and the zeros in float64, over blocks of about 2²⁰ elements cast one at a
+    // time (a float64 copy of the whole matrix costs more than the sums), with one
+    // device → host transfer for all. A NaN or ±Inf anywhere makes Σx non-finite (in
+    // float64 the sum of finite float32 values cannot overflow), so finite input needs no
+    // isfinite pass.
+    let block_rows = (HEALTH_BLOCK / d).max(1);
+    let mut partial = Vec::new();
+    for start in (0..n).step_by(block_rows as usize) {
+        let block = matrix
+            .f_narrow(0, start, block_rows.min(n - start))?
+            .f_to_kind(Kind::Double)?;
+        partial.push(Tensor::f_stack(
+            &[
+                block.f_sum(Kind::Double)?,
+                block.f_square()?.f_sum(Kind::Double)?,
+                block.f_count_nonzero(None::<i64>)?.f_to_kind(Kind::Double)?,
+            ],
+            0,
+        )?);
+    }
+    let health = to_host(&Tensor::f_stack(&partial, 0)?.f_sum_dim_intlist(
         0,
+        false,
+        Kind::Double,
     )?)?;
-    let (sum, norm, nonzero) = (health[0], health[1], health[2]);
-    if !(sum.is_finite() && norm.is_finite()) {
-        return measure_nonfinite(&x, out);
+    let (sum, sum_sq, nonzero) = (health[0], health[1], health[2]);
+    if !(sum.is_finite() && sum_sq.is_finite()) {
+        return measure_nonfinite(&matrix.f_to_kind(Kind::Double)?, out);
     }
     let n_values = numel as f64;
     let mean = sum / n_values;
     out.mean = Some(mean);
     // Population variance as E[x²] − mean², in float64: exact enough unless the
     // mean exceeds the spread by about 10⁶, far beyond any activation's.
-    out.std = Some((norm * norm / n_values - mean * mean).max(0.0).sqrt());
+    out.std = Some((sum_sq / n_values - mean * mean).max(0.0).sqrt());
     out.zero_fraction = Some((n_values - nonzero) / n_values);
 
-    let x = if centered {
-        x.f_sub(&x.f_mean_dim(0i64, true, Kind::Double)?)?
-    } else {
-        x
-    };
     let method = spectrum.method(n, d);
     out.spectral = match method {
         Method::Exact => {
+            let x = matrix.f_to_kind(Kind::Double)?;
+            let x = if centered {
+                x.f_sub(&x.f_mean_dim(0i64, true, Kind::Double)?)?
+            } else {
+                x
+            };
             // The Gram matrix of the smaller side has the same non-zero eigenvalues and
             // costs less.
             let gram = if d <= n {
@@ -504,17 +536,27 @@ fn measure_matrix(
             };
             spectral(&to_host(&gram.f_linalg_eigvalsh("L")?)?)
         }
-        Method::Sketch => sketch_spectral(&x, seed)?,
+        Method::Sketch => {
+            let a = matrix.f_to_kind(Kind::Float)?;
+            if centered {
+                let a = a.f_sub(&a.f_mean_dim(0i64, true, Kind::Float)?)?;
+                let trace = to_host(&a.f_norm()?.f_square()?.f_reshape([1])?)?[0];
+                sketch_spectral(&a, trace, seed)?
+            } else {
+                sketch_spectral(&a, sum_sq, seed)?
+            }
+        }
     };
     out.method = method.label();
     Ok(())
 }
 
-/// The six spectral columns of a float64 matrix `x` (n × d, finite, not empty) by a
-/// randomized block Krylov method, in float32 on `x`'s device. With G the Gram matrix of
-/// the smaller side (r × r, r = min(n, d)), applied as A·(Aᵀ·V) and never formed:
+/// The six spectral columns of a float32 matrix `x` (n × d, finite, not empty) whose
+/// squared Frobenius norm is `trace`, by a randomized block Krylov method, in float32 on
+/// `x`'s device. With G the Gram matrix of the smaller side (r × r, r = min(n, d)),
+/// applied as A·(Aᵀ·V) and never formed:
 ///
-/// - Σλ = ‖x‖²_F, exactly (float64).
+/// - Σλ = `trace` = ‖x‖²_F, computed exactly in float64 by the caller.
 /// - A block Krylov space K = span{Ω, GΩ, …, G^q Ω} from b Gaussian vectors Ω, orthonormal
 ///   (block Gram–Schmidt twice, then QR), with G·K kept from the products that built it.
 ///   Rayleigh–Ritz on K gives Ritz values θⱼ; λ₁ is θ₁.
@@ -526,19 +568,18 @@ fn measure_matrix(
 ///
 /// Costs 2(q + 1) passes over x (the first with b + m columns, the others with b) and
 /// small dense algebra; its errors are measured in `docs/metrics.md`.
-pub fn sketch_spectral(x: &Tensor, seed: u64) -> Result<Spectral, TchError> {
+pub fn sketch_spectral(x: &Tensor, trace: f64, seed: u64) -> Result<Spectral, TchError> {
     let (n, d) = match x.size().as_slice() {
         &[n, d] => (n, d),
         _ => return Ok(Spectral::default()),
     };
-    let trace = to_host(&x.f_square()?.f_sum(Kind::Double)?.f_reshape([1])?)?[0];
     if trace == 0.0 {
         return Ok(Spectral::zero());
     }
     let device = x.device();
     // a is r × c with r ≤ c, so G = a·aᵀ is the smaller Gram matrix.
+    // A transposed view: the products take it as it is, without a copy.
     let a = if n <= d { x.shallow_clone() } else { x.f_tr()? }.f_to_kind(Kind::Float)?;
-    let a = a.f_contiguous()?;
     let at = a.f_tr()?;
     let r = a.size()[0];
     // (aᵀ·v, G·v): aᵀ·v is kept for the Rayleigh quotients, whose rounding it makes
@@ -989,6 +1030,10 @@ mod tests {
         let first = compute(&x, &opts, 5);
         assert_eq!(first.method, "sketch");
         assert_eq!(compute(&x, &opts, 5), first);
+        assert_eq!(
+            first.clone().into_layer_row(0, 0, "l".into(), 0.0).method,
+            "sketch"
+        );
         // A rank-3 matrix: the Krylov space runs out, the estimates stay exact.
         let low = crate::spectra::SpectrumKind::Flat
             .matrix(600, 3, 2)
