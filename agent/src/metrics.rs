@@ -403,8 +403,13 @@ pub fn measure(sample: &Sample, centered: bool, spectrum: &SpectrumOptions) -> L
         conv_layout: sample.conv_layout,
         ..LayerMetrics::default()
     };
-    if let Err(error) = measure_matrix(&sample.matrix, centered, spectrum, sample.seed, &mut metrics)
-    {
+    if let Err(error) = measure_matrix(
+        &sample.matrix,
+        centered,
+        spectrum,
+        sample.seed,
+        &mut metrics,
+    ) {
         tracing::warn!(%error, "activation metrics failed");
         metrics.spectral = Spectral::default();
         metrics.method = "";
@@ -496,16 +501,15 @@ fn measure_matrix(
             &[
                 block.f_sum(Kind::Double)?,
                 block.f_square()?.f_sum(Kind::Double)?,
-                block.f_count_nonzero(None::<i64>)?.f_to_kind(Kind::Double)?,
+                block
+                    .f_count_nonzero(None::<i64>)?
+                    .f_to_kind(Kind::Double)?,
             ],
             0,
         )?);
     }
-    let health = to_host(&Tensor::f_stack(&partial, 0)?.f_sum_dim_intlist(
-        0,
-        false,
-        Kind::Double,
-    )?)?;
+    let health =
+        to_host(&Tensor::f_stack(&partial, 0)?.f_sum_dim_intlist(0, false, Kind::Double)?)?;
     let (sum, sum_sq, nonzero) = (health[0], health[1], health[2]);
     if !(sum.is_finite() && sum_sq.is_finite()) {
         return measure_nonfinite(&matrix.f_to_kind(Kind::Double)?, out);
@@ -642,7 +646,10 @@ pub fn sketch_spectral(x: &Tensor, trace: f64, seed: u64) -> Result<Spectral, Tc
         .f_square()?
         .f_sum_dim_intlist(0, false, Kind::Double)?
         .f_div_scalar(b as f64)?;
-    let inside = g_basis.f_to_kind(Kind::Double)?.f_square()?.f_sum(Kind::Double)?;
+    let inside = g_basis
+        .f_to_kind(Kind::Double)?
+        .f_square()?
+        .f_sum(Kind::Double)?;
     let outside = gz
         .f_sub(&g_basis.f_matmul(&basis.f_tr()?.f_matmul(&z)?)?)?
         .f_to_kind(Kind::Double)?
@@ -683,7 +690,11 @@ pub fn sketched(
 ) -> Spectral {
     let top = theta.iter().copied().fold(0.0f64, f64::max);
     let finite = [trace, trace_sq, top].iter().all(|v| v.is_finite())
-        && theta.iter().chain(residual).chain(weight).all(|v| v.is_finite());
+        && theta
+            .iter()
+            .chain(residual)
+            .chain(weight)
+            .all(|v| v.is_finite());
     if !finite || trace <= 0.0 || top <= 0.0 {
         return if finite && trace == 0.0 {
             Spectral::zero()
@@ -1014,10 +1025,23 @@ mod tests {
                 assert!(stable <= 0.02, "{what}: stable_rank off by {stable}");
                 assert!(pr <= 0.02, "{what}: participation_ratio off by {pr}");
                 // The steep power law (σᵢ ∝ 1/i) is the one kind the sketch misses by more.
-                let bound = if kind == SpectrumKind::PowerLaw(2.0) { 0.25 } else { 0.05 };
-                assert!(effective <= bound, "{what}: effective_rank off by {effective}");
-                assert!(pr_sv <= 2.0 * bound, "{what}: participation_ratio_sv off by {pr_sv}");
-                assert!(nuclear <= bound, "{what}: nuclear_norm_ratio off by {nuclear}");
+                let bound = if kind == SpectrumKind::PowerLaw(2.0) {
+                    0.25
+                } else {
+                    0.05
+                };
+                assert!(
+                    effective <= bound,
+                    "{what}: effective_rank off by {effective}"
+                );
+                assert!(
+                    pr_sv <= 2.0 * bound,
+                    "{what}: participation_ratio_sv off by {pr_sv}"
+                );
+                assert!(
+                    nuclear <= bound,
+                    "{what}: nuclear_norm_ratio off by {nuclear}"
+                );
                 assert!(cum <= 0.15, "{what}: cum_energy_90 off by {cum}");
             }
         }
@@ -1025,7 +1049,9 @@ mod tests {
 
     #[test]
     fn sketch_is_reproducible_and_its_own_edge_cases_hold() {
-        let x = crate::spectra::SpectrumKind::Flat.matrix(600, 700, 1).unwrap();
+        let x = crate::spectra::SpectrumKind::Flat
+            .matrix(600, 700, 1)
+            .unwrap();
         let opts = with_spectrum(SpectrumMode::Sketch);
         let first = compute(&x, &opts, 5);
         assert_eq!(first.method, "sketch");
@@ -1038,19 +1064,30 @@ mod tests {
         let low = crate::spectra::SpectrumKind::Flat
             .matrix(600, 3, 2)
             .unwrap()
-            .matmul(&crate::spectra::SpectrumKind::Flat.matrix(3, 700, 3).unwrap());
+            .matmul(
+                &crate::spectra::SpectrumKind::Flat
+                    .matrix(3, 700, 3)
+                    .unwrap(),
+            );
         let exact = compute(&low, &with_spectrum(SpectrumMode::Exact), 5);
         let sketch = compute(&low, &opts, 5);
         assert_eq!(sketch.method, "sketch");
         assert_matches(&sketch, &exact.spectral, 1e-3, "rank 3 sketched");
         // The zero matrix spans no dimension whichever method measures it.
-        let zero = compute(&Tensor::zeros([600, 700], (Kind::Float, Device::Cpu)), &opts, 5);
+        let zero = compute(
+            &Tensor::zeros([600, 700], (Kind::Float, Device::Cpu)),
+            &opts,
+            5,
+        );
         assert_eq!((zero.spectral, zero.method), (Spectral::zero(), "sketch"));
         // Non-finite input: no spectrum, and no method.
         let bad = x.copy();
         let _ = bad.get(0).get(0).fill_(f64::NAN);
         let m = compute(&bad, &opts, 5);
-        assert_eq!((m.spectral, m.method, m.nonfinite), (Spectral::default(), "", 1));
+        assert_eq!(
+            (m.spectral, m.method, m.nonfinite),
+            (Spectral::default(), "", 1)
+        );
     }
 
     #[test]
@@ -1094,7 +1131,10 @@ mod tests {
         assert_eq!(s.stable_rank, Some(2.5));
         assert_eq!(s.participation_ratio, Some(2.5));
         assert!(s.effective_rank.unwrap() >= 1.0);
-        assert_eq!(sketched(0.0, 0.0, &[0.0], &[0.0], &[1.0], 8), Spectral::zero());
+        assert_eq!(
+            sketched(0.0, 0.0, &[0.0], &[0.0], &[1.0], 8),
+            Spectral::zero()
+        );
         assert_eq!(
             sketched(f64::NAN, 1.0, &[1.0], &[0.0], &[1.0], 8),
             Spectral::default()

@@ -200,13 +200,17 @@ pub fn markdown(rows: i64, cols: i64, comparisons: &[Comparison]) -> String {
 mod tests {
     use super::*;
 
-    /// The benchmark table at the target size (2,048 × 4,096): `cargo test -p
-    /// rankscope-agent --release spectrum_table -- --ignored --nocapture`. It prints times
-    /// and asserts nothing about them.
+    /// The benchmark table, at the target size (2,048 × 4,096) or at `SPECTRUM_TABLE_SHAPE`
+    /// (`ROWSxCOLS`): `cargo test -p rankscope-agent spectrum_table -- --ignored
+    /// --nocapture`. It prints times and asserts nothing about them.
     #[test]
     #[ignore = "a benchmark: minutes of CPU"]
     fn spectrum_table() {
-        let (rows, cols) = (2048, 4096);
+        let shape = std::env::var("SPECTRUM_TABLE_SHAPE").unwrap_or_else(|_| "2048x4096".into());
+        let (rows, cols) = shape
+            .split_once('x')
+            .and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)))
+            .expect("SPECTRUM_TABLE_SHAPE is ROWSxCOLS, e.g. 2048x4096");
         crate::threads::limit_this_thread(1);
         let comparisons: Vec<Comparison> = SpectrumKind::ALL
             .into_iter()

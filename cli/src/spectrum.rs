@@ -46,9 +46,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.max_rows == 0 {
         anyhow::bail!("--max-rows 0: the row cap must be at least 1");
     }
-    let mode = SpectrumMode::parse(&args.spectrum).with_context(|| {
-        format!("--spectrum {:?}: use auto, exact or sketch", args.spectrum)
-    })?;
+    let mode = SpectrumMode::parse(&args.spectrum)
+        .with_context(|| format!("--spectrum {:?}: use auto, exact or sketch", args.spectrum))?;
     let tensor = crate::npy::read_npy(&args.file)?;
     let options = MatrixOptions {
         max_rows: args.max_rows,
