@@ -944,6 +944,14 @@ mod tests {
                 "use fail or disable",
             ),
             (
+                &[(RANKSCOPE_SPECTRUM, "fast")],
+                "RANKSCOPE_SPECTRUM=\"fast\" is not a spectrum method: use auto, exact or sketch",
+            ),
+            (
+                &[(RANKSCOPE_SKETCH_THRESHOLD, "4k")],
+                "RANKSCOPE_SKETCH_THRESHOLD=\"4k\" is not a whole number",
+            ),
+            (
                 &[(RANKSCOPE_TLS_CA, "no-such-ca.pem")],
                 "cannot read RANKSCOPE_TLS_CA=\"no-such-ca.pem\"",
             ),
@@ -1039,6 +1047,25 @@ mod tests {
             .build_with(|_| None)
             .unwrap_err();
         assert!(err.to_string().contains("entry 2 is empty"), "{err}");
+    }
+
+    #[test]
+    fn spectrum_settings() {
+        let c = build(&[]).unwrap();
+        assert_eq!(
+            (c.spectrum, c.sketch_threshold),
+            (SpectrumMode::Auto, DEFAULT_SKETCH_THRESHOLD)
+        );
+        let c = build(&[
+            (RANKSCOPE_SPECTRUM, " Sketch "),
+            (RANKSCOPE_SKETCH_THRESHOLD, "2048"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.spectrum, c.sketch_threshold),
+            (SpectrumMode::Sketch, 2048)
+        );
+        assert_eq!(SpectrumMode::parse("exact"), Some(SpectrumMode::Exact));
     }
 
     #[test]
