@@ -32,7 +32,7 @@ use tch::Tensor;
 
 use crate::config::{AgentConfig, AgentConfigBuilder, ConfigError, OnConfigError};
 use crate::memory::{self, RssReader};
-use crate::metrics::{self, ConvLayout, MatrixOptions};
+use crate::metrics::{self, ConvLayout, MatrixOptions, SpectrumOptions};
 use crate::report::FinishReport;
 use crate::step::StepGuard;
 use crate::tap::Tap;
@@ -285,12 +285,17 @@ impl Inner {
             max_rows: config.max_rows,
             centered: config.centered,
             conv_layout: ConvLayout::parse(&config.conv_layout).unwrap_or_default(),
+            spectrum: SpectrumOptions {
+                mode: config.spectrum,
+                sketch_threshold: config.sketch_threshold,
+            },
         };
         let worker_dropped = Arc::new(AtomicU64::new(0));
         let (worker, queue) = if config.samples_layers() {
             let w = Worker::start(
                 transport.clone(),
                 config.centered,
+                options.spectrum,
                 WORKER_QUEUE,
                 config.worker_priority,
                 worker_dropped.clone(),

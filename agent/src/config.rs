@@ -17,6 +17,8 @@
 //! | `RANKSCOPE_MAX_ROWS` | row cap of the activation matrix | `4096` |
 //! | `RANKSCOPE_CENTER` | centre columns before the spectrum (`1`/`0`) | `0` |
 //! | `RANKSCOPE_CONV_LAYOUT` | `channelwise` or `flatten` | `channelwise` |
+//! | `RANKSCOPE_SPECTRUM` | `auto`, `exact` or `sketch`: how the spectral columns are computed (`auto` sketches matrices with at least `RANKSCOPE_SKETCH_THRESHOLD` rows and columns; the `layers.method` column says which ran) | `auto` |
+//! | `RANKSCOPE_SKETCH_THRESHOLD` | the smaller side (min of rows and columns) from which `auto` sketches | `1536` |
 //! | `RANKSCOPE_WORKER_PRIORITY` | `idle`: the metrics thread only uses CPU time training leaves free (samples are dropped, and counted, when there is none); `normal`: it competes with training | `idle` |
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
 //! | `RANKSCOPE_TOKEN` | bearer token the collector requires (`--token-file`) | none |
@@ -55,6 +57,8 @@ pub const RANKSCOPE_LAYERS: &str = "RANKSCOPE_LAYERS";
 pub const RANKSCOPE_MAX_ROWS: &str = "RANKSCOPE_MAX_ROWS";
 pub const RANKSCOPE_CENTER: &str = "RANKSCOPE_CENTER";
 pub const RANKSCOPE_CONV_LAYOUT: &str = "RANKSCOPE_CONV_LAYOUT";
+pub const RANKSCOPE_SPECTRUM: &str = "RANKSCOPE_SPECTRUM";
+pub const RANKSCOPE_SKETCH_THRESHOLD: &str = "RANKSCOPE_SKETCH_THRESHOLD";
 pub const RANKSCOPE_ON_CONFIG_ERROR: &str = "RANKSCOPE_ON_CONFIG_ERROR";
 pub const RANKSCOPE_TOKEN: &str = "RANKSCOPE_TOKEN";
 pub const RANKSCOPE_SPILL_DIR: &str = "RANKSCOPE_SPILL_DIR";
@@ -68,6 +72,9 @@ pub const RANKSCOPE_SPILL_MAX_BYTES: &str = "RANKSCOPE_SPILL_MAX_BYTES";
 pub const DEFAULT_COLLECTOR: &str = "127.0.0.1:50051";
 pub const DEFAULT_SAMPLE_EVERY: u64 = 10;
 pub const DEFAULT_MAX_ROWS: usize = 4096;
+/// `auto` sketches a matrix with at least this many rows and columns: there the exact
+/// path costs over a second of CPU (`docs/metrics.md`, "Sketch mode").
+pub const DEFAULT_SKETCH_THRESHOLD: usize = 1536;
 pub const DEFAULT_SPILL_MAX_BYTES: u64 = 1 << 30;
 pub const DEFAULT_QUEUE_ROWS: usize = 65_536;
 pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -153,6 +160,31 @@ pub enum WorkerPriority {
     Normal,
 }
 
+/// How the spectral columns are computed (`RANKSCOPE_SPECTRUM`; the `layers.method` column
+/// records what ran).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SpectrumMode {
+    /// `sketch` for matrices with at least `RANKSCOPE_SKETCH_THRESHOLD` rows and columns,
+    /// `exact` for the rest.
+    #[default]
+    Auto,
+    /// The float64 Gram matrix and eigen-solve, whatever the size.
+    Exact,
+    /// The randomized block Krylov estimates, except for matrices too small to sketch.
+    Sketch,
+}
+
+impl SpectrumMode {
+    pub fn parse(text: &str) -> Option<SpectrumMode> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(SpectrumMode::Auto),
+            "exact" => Some(SpectrumMode::Exact),
+            "sketch" => Some(SpectrumMode::Sketch),
+            _ => None,
+        }
+    }
+}
+
 impl WorkerPriority {
     pub fn parse(text: &str) -> Option<WorkerPriority> {
         match text.trim().to_ascii_lowercase().as_str() {
@@ -202,6 +234,8 @@ pub enum ConfigError {
     Bool { var: &'static str, value: String },
     #[error("{RANKSCOPE_CONV_LAYOUT}={0:?} is not a layout: use channelwise or flatten")]
     ConvLayout(String),
+    #[error("{RANKSCOPE_SPECTRUM}={0:?} is not a spectrum method: use auto, exact or sketch")]
+    Spectrum(String),
     #[error("{RANKSCOPE_ON_CONFIG_ERROR}={0:?}: use fail or disable")]
     OnError(String),
     #[error("{RANKSCOPE_WORKER_PRIORITY}={0:?}: use idle or normal")]
@@ -282,6 +316,10 @@ pub struct AgentConfig {
     pub centered: bool,
     /// `channelwise` or `flatten`.
     pub conv_layout: String,
+    /// `RANKSCOPE_SPECTRUM`.
+    pub spectrum: SpectrumMode,
+    /// `RANKSCOPE_SKETCH_THRESHOLD`.
+    pub sketch_threshold: usize,
     /// How long `finish()` waits for the collector to acknowledge everything.
     pub finish_timeout: Duration,
     /// Rows the training thread may queue before rows are dropped (and counted).
@@ -349,6 +387,8 @@ pub struct AgentConfigBuilder {
     pub max_rows: Option<usize>,
     pub centered: Option<bool>,
     pub conv_layout: Option<String>,
+    pub spectrum: Option<SpectrumMode>,
+    pub sketch_threshold: Option<usize>,
     pub finish_timeout: Option<Duration>,
     pub queue_rows: Option<usize>,
     pub workload: Option<String>,
@@ -382,6 +422,8 @@ impl AgentConfigBuilder {
     setter!(max_rows: usize);
     setter!(centered: bool);
     setter!(conv_layout: String);
+    setter!(spectrum: SpectrumMode);
+    setter!(sketch_threshold: usize);
     setter!(finish_timeout: Duration);
     setter!(queue_rows: usize);
     setter!(workload: String);
@@ -561,6 +603,21 @@ impl AgentConfigBuilder {
         if !matches!(conv_layout.as_str(), "channelwise" | "flatten") {
             return Err(ConfigError::ConvLayout(conv_layout));
         }
+        let spectrum = match self.spectrum {
+            Some(s) => s,
+            None => match env(RANKSCOPE_SPECTRUM) {
+                Some(text) => SpectrumMode::parse(&text).ok_or(ConfigError::Spectrum(text))?,
+                None => SpectrumMode::Auto,
+            },
+        };
+        let sketch_threshold = match self.sketch_threshold {
+            Some(n) => n,
+            None => num(
+                RANKSCOPE_SKETCH_THRESHOLD,
+                "the smaller side (rows or columns) from which auto sketches the spectrum, e.g. 1536",
+            )?
+            .map_or(DEFAULT_SKETCH_THRESHOLD, |n| n as usize),
+        };
         let spill_dir = match self.spill_dir.clone() {
             Some(dir) => dir,
             None => match env(RANKSCOPE_SPILL_DIR) {
@@ -617,6 +674,8 @@ impl AgentConfigBuilder {
             max_rows,
             centered,
             conv_layout,
+            spectrum,
+            sketch_threshold,
             finish_timeout: self.finish_timeout.unwrap_or(DEFAULT_FINISH_TIMEOUT),
             queue_rows: self.queue_rows.unwrap_or(DEFAULT_QUEUE_ROWS),
             workload: self.workload.clone().unwrap_or_default(),
@@ -885,6 +944,14 @@ mod tests {
                 "use fail or disable",
             ),
             (
+                &[(RANKSCOPE_SPECTRUM, "fast")],
+                "RANKSCOPE_SPECTRUM=\"fast\" is not a spectrum method: use auto, exact or sketch",
+            ),
+            (
+                &[(RANKSCOPE_SKETCH_THRESHOLD, "4k")],
+                "RANKSCOPE_SKETCH_THRESHOLD=\"4k\" is not a whole number",
+            ),
+            (
                 &[(RANKSCOPE_TLS_CA, "no-such-ca.pem")],
                 "cannot read RANKSCOPE_TLS_CA=\"no-such-ca.pem\"",
             ),
@@ -980,6 +1047,25 @@ mod tests {
             .build_with(|_| None)
             .unwrap_err();
         assert!(err.to_string().contains("entry 2 is empty"), "{err}");
+    }
+
+    #[test]
+    fn spectrum_settings() {
+        let c = build(&[]).unwrap();
+        assert_eq!(
+            (c.spectrum, c.sketch_threshold),
+            (SpectrumMode::Auto, DEFAULT_SKETCH_THRESHOLD)
+        );
+        let c = build(&[
+            (RANKSCOPE_SPECTRUM, " Sketch "),
+            (RANKSCOPE_SKETCH_THRESHOLD, "2048"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.spectrum, c.sketch_threshold),
+            (SpectrumMode::Sketch, 2048)
+        );
+        assert_eq!(SpectrumMode::parse("exact"), Some(SpectrumMode::Exact));
     }
 
     #[test]

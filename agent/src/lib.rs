@@ -39,6 +39,8 @@ pub mod metrics;
 #[cfg(feature = "torch")]
 pub mod profile;
 #[cfg(feature = "torch")]
+pub mod spectra;
+#[cfg(feature = "torch")]
 pub mod step;
 #[cfg(feature = "torch")]
 pub mod tap;

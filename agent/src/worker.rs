@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use rankscope_proto::v1::EventRow;
 
 use crate::config::WorkerPriority;
-use crate::metrics::{self, Sample};
+use crate::metrics::{self, Sample, SpectrumOptions};
 use crate::transport::Transport;
 use crate::{Row, now_us};
 
@@ -58,6 +58,7 @@ impl Worker {
     pub fn start(
         transport: Arc<Transport>,
         centered: bool,
+        spectrum: SpectrumOptions,
         capacity: usize,
         priority: WorkerPriority,
         dropped: Arc<AtomicU64>,
@@ -83,7 +84,7 @@ impl Worker {
                         continue;
                     }
                     let started = Instant::now();
-                    let m = metrics::measure(&job.sample, centered);
+                    let m = metrics::measure(&job.sample, centered, &spectrum);
                     let compute_ms = started.elapsed().as_secs_f64() * 1e3;
                     if m.nonfinite > 0 {
                         transport.send(Row::Event(EventRow {

@@ -10,6 +10,10 @@
 //! mostly waits on the device). It also times the training thread's cost of a
 //! non-sampled and of a sampled tap, the worker's cost of one sample, and the
 //! agent's start-up with 200 taps. It prints a Markdown report.
+//!
+//! `--spectrum` measures something else: the exact and the sketched spectrum of one
+//! matrix per kind of spectrum, side by side (CPU time and relative errors), as in
+//! `docs/metrics.md`.
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -31,7 +35,8 @@ use crate::workloads::{self, Workload};
 #[command(after_help = "Examples:
   rankscope bench
   rankscope bench --model transformer --rounds 9 --steps-per-round 60
-  rankscope bench --threads 16,15")]
+  rankscope bench --threads 16,15
+  rankscope bench --spectrum --rows 2048 --cols 4096")]
 pub struct Args {
     #[arg(long, value_enum, default_value_t = Workload::Transformer)]
     pub model: Workload,
@@ -50,6 +55,15 @@ pub struct Args {
     /// Scheduling of the agent's metrics thread: idle or normal (RANKSCOPE_WORKER_PRIORITY).
     #[arg(long, default_value = "idle", value_parser = parse_priority)]
     pub worker_priority: WorkerPriority,
+    /// Instead of the overhead: exact against sketched spectrum on synthetic spectra.
+    #[arg(long)]
+    pub spectrum: bool,
+    /// Rows of the --spectrum matrices.
+    #[arg(long, default_value_t = 2048)]
+    pub rows: i64,
+    /// Columns of the --spectrum matrices.
+    #[arg(long, default_value_t = 4096)]
+    pub cols: i64,
 }
 
 fn parse_priority(text: &str) -> Result<WorkerPriority, String> {
@@ -93,6 +107,9 @@ const SETUPS: [Setup; 4] = [
 ];
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.spectrum {
+        return spectrum(&args);
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = if args.threads.is_empty() {
         let mut t = vec![cores];
@@ -402,6 +419,7 @@ fn sampled_cost(addr: &str) -> anyhow::Result<(f64, f64, String)> {
         max_rows: rankscope_agent::config::DEFAULT_MAX_ROWS,
         centered: false,
         conv_layout: metrics::ConvLayout::default(),
+        spectrum: metrics::SpectrumOptions::default(),
     };
     let compute = std::thread::spawn(move || {
         rankscope_agent::threads::limit_this_thread(1);
@@ -435,4 +453,27 @@ fn init_cost(addr: &str) -> anyhow::Result<f64> {
     drop(taps);
     agent.finish();
     Ok(ms)
+}
+
+/// `--spectrum`: one matrix per kind of spectrum, both methods, on one intra-op thread
+/// (as the metrics worker runs).
+fn spectrum(args: &Args) -> anyhow::Result<()> {
+    use rankscope_agent::spectra::{self, SpectrumKind};
+    let side = args.rows.min(args.cols);
+    if side < metrics::SKETCH_MIN_SIDE {
+        anyhow::bail!(
+            "--rows {} --cols {}: the sketch needs at least {} of each",
+            args.rows,
+            args.cols,
+            metrics::SKETCH_MIN_SIDE
+        );
+    }
+    rankscope_agent::threads::limit_this_thread(1);
+    let rounds = args.rounds.max(1);
+    let mut comparisons = Vec::new();
+    for kind in SpectrumKind::ALL {
+        comparisons.push(spectra::compare(kind, args.rows, args.cols, rounds)?);
+    }
+    println!("{}", spectra::markdown(args.rows, args.cols, &comparisons));
+    Ok(())
 }

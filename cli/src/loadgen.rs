@@ -208,6 +208,7 @@ fn simulate_rank(
                 nonfinite: 0,
                 compute_ms: 1.5 + rng.random_range(0.0..0.5),
                 conv_layout: String::new(),
+                method: "exact".into(),
             }));
         }
         bar.inc(1);

@@ -4,13 +4,15 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use rankscope_agent::metrics::{self, ConvLayout, MatrixOptions};
+use rankscope_agent::config::{DEFAULT_SKETCH_THRESHOLD, SpectrumMode};
+use rankscope_agent::metrics::{self, ConvLayout, MatrixOptions, SpectrumOptions};
 
 /// Compute the dimensionality metrics of a .npy file.
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = "Examples:
   rankscope spectrum activations.npy
-  rankscope spectrum conv_out.npy --conv-layout flatten --center --json")]
+  rankscope spectrum conv_out.npy --conv-layout flatten --center --json
+  rankscope spectrum wide.npy --spectrum sketch")]
 pub struct Args {
     /// A NumPy .npy file (float32/float64/int, C order, any rank: reshaped as the agent does).
     pub file: PathBuf,
@@ -23,6 +25,12 @@ pub struct Args {
     /// Row cap (rows beyond it are sampled with a fixed seed).
     #[arg(long, default_value_t = 1_000_000)]
     pub max_rows: usize,
+    /// auto, exact or sketch (RANKSCOPE_SPECTRUM): how the spectral columns are computed.
+    #[arg(long, default_value = "auto")]
+    pub spectrum: String,
+    /// The smaller side from which auto sketches (RANKSCOPE_SKETCH_THRESHOLD).
+    #[arg(long, default_value_t = DEFAULT_SKETCH_THRESHOLD)]
+    pub sketch_threshold: usize,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -38,11 +46,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.max_rows == 0 {
         anyhow::bail!("--max-rows 0: the row cap must be at least 1");
     }
+    let mode = SpectrumMode::parse(&args.spectrum)
+        .with_context(|| format!("--spectrum {:?}: use auto, exact or sketch", args.spectrum))?;
     let tensor = crate::npy::read_npy(&args.file)?;
     let options = MatrixOptions {
         max_rows: args.max_rows,
         centered: args.centered,
         conv_layout,
+        spectrum: SpectrumOptions {
+            mode,
+            sketch_threshold: args.sketch_threshold,
+        },
     };
     let m = metrics::compute(&tensor, &options, 0);
     let fields: Vec<(&str, serde_json::Value)> = vec![
@@ -52,6 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ("cols", m.cols.into()),
         ("centered", m.centered.into()),
         ("conv_layout", m.conv_layout.into()),
+        ("method", m.method.into()),
         ("stable_rank", m.spectral.stable_rank.into()),
         ("participation_ratio", m.spectral.participation_ratio.into()),
         (

@@ -196,6 +196,7 @@ impl Rows {
                 cols.u32("cols", rows, |r| Some(r.cols));
                 cols.bool("centered", rows, |r| r.centered);
                 cols.str("conv_layout", rows, |r| &r.conv_layout);
+                cols.str("method", rows, |r| &r.method);
                 cols.f64("stable_rank", rows, |r| r.stable_rank);
                 cols.f64("participation_ratio", rows, |r| r.participation_ratio);
                 cols.f64("participation_ratio_sv", rows, |r| r.participation_ratio_sv);

@@ -67,6 +67,7 @@ pub fn batch(b: &Batch) -> Result<(), Invalid> {
     for l in &b.layers {
         label("layer", &l.layer, MAX_LABEL_BYTES)?;
         label("conv_layout", &l.conv_layout, MAX_LABEL_BYTES)?;
+        label("method", &l.method, MAX_LABEL_BYTES)?;
     }
     for m in &b.model {
         label("layer", &m.layer, MAX_LABEL_BYTES)?;

@@ -83,6 +83,11 @@ fn launch_of_four_ranks_lands_exact_counts() {
         ),
         4 * sampled_steps
     );
+    // 32 × 64 is far below the sketch threshold: every spectrum is exact, and says so.
+    assert_eq!(
+        count(out, "layers", "method = 'exact'"),
+        4 * sampled_steps * MLP_LAYERS
+    );
     assert_eq!(
         count(
             out,
