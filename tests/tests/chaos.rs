@@ -18,9 +18,9 @@ fn train(collector: &str, run_id: &str, steps: u64, spill: &Path, finish: &str) 
         .args(["--batch-size", "32", "--collector", collector])
         .args(["--run-id", run_id, "--finish-timeout", finish])
         .env("RANKSCOPE_SPILL_DIR", spill)
-        // Exact layer counts need every sample measured; in the default idle class
-        // the metrics thread may get no CPU time beside training on a small machine.
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        // Exact layer counts need every planned sample taken, which the default
+        // 2 % overhead budget does not promise.
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "100%")
         .env("RANKSCOPE_LOG", "error")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -42,7 +42,7 @@ fn launch(
         .arg(inner.get_program())
         .args(inner.get_args())
         .env("RANKSCOPE_SPILL_DIR", spill)
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "100%")
         .env("RANKSCOPE_LOG", "error")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -29,9 +29,9 @@ fn torchrun(torchrun_args: &[&str], script_args: &[&str], env: &[(&str, &str)]) 
         .args(script_args)
         .env("RANKSCOPE_LOG", "warn")
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
-        // Layer rows are counted exactly: every sample must be measured, which the
-        // idle metrics thread does not promise on a busy small machine.
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        // Layer rows are counted exactly: every planned sample must be taken, which
+        // the default 2 % overhead budget does not promise.
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "100%")
         .env("OMP_NUM_THREADS", "1");
     for (k, v) in env {
         cmd.env(k, v);
