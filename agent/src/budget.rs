@@ -248,7 +248,9 @@ mod tests {
             Some(0.005)
         );
         assert!(OverheadBudget::parse("100%").unwrap().is_unlimited());
-        for bad in ["2", "0.02", "0%", "-1%", "101%", "NaN%", "inf%", "%", "two%"] {
+        for bad in [
+            "2", "0.02", "0%", "-1%", "101%", "NaN%", "inf%", "%", "two%",
+        ] {
             assert_eq!(OverheadBudget::parse(bad), None, "{bad}");
         }
         assert_eq!(OverheadBudget::default().to_string(), "2%");
@@ -373,7 +375,10 @@ mod tests {
             }
         };
         assert!(allowed_at >= WINDOW, "{allowed_at:?}");
-        assert!(allowed_at <= WINDOW + Duration::from_secs(2), "{allowed_at:?}");
+        assert!(
+            allowed_at <= WINDOW + Duration::from_secs(2),
+            "{allowed_at:?}"
+        );
         assert_eq!(c.share(cpu), Some(0.0));
         assert!(c.marks.len() <= MARKS as usize + 2);
     }

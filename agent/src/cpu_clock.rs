@@ -78,7 +78,10 @@ mod tests {
         go.send(()).unwrap();
         let own = finished.recv().unwrap();
         let after = clock.read_ns().unwrap();
-        assert!(after >= own && after - before >= 20_000_000, "{before} {after}");
+        assert!(
+            after >= own && after - before >= 20_000_000,
+            "{before} {after}"
+        );
         assert!(process_ns().unwrap() - process_before >= 20_000_000);
         drop(go);
         worker.join().unwrap();

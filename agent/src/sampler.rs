@@ -121,8 +121,8 @@ impl Sampler {
     /// At the start of a step with a planned sample: whether it is taken.
     pub fn decide(&self) -> bool {
         let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = self.taken.load(Ordering::Relaxed)
-            + self.skipped_queue_full.load(Ordering::Relaxed);
+        let seen =
+            self.taken.load(Ordering::Relaxed) + self.skipped_queue_full.load(Ordering::Relaxed);
         if gate.last_taken {
             gate.per_step = seen.saturating_sub(gate.seen_at_take);
         }
