@@ -34,6 +34,8 @@ use crate::config::{AgentConfig, AgentConfigBuilder, ConfigError, OnConfigError}
 use crate::memory::{self, RssReader};
 use crate::metrics::{self, ConvLayout, MatrixOptions, SpectrumOptions};
 use crate::report::FinishReport;
+use crate::sampler::Sampler;
+pub use crate::sampler::{ActivationSamples, Overhead};
 use crate::step::StepGuard;
 use crate::tap::Tap;
 use crate::transport::{Transport, TransportConfig};
@@ -53,16 +55,6 @@ pub(crate) struct ObservedShape {
 /// to `WORKER_QUEUE × max_rows × cols` elements.
 const WORKER_QUEUE: usize = 16;
 
-/// Activation samples of one agent (see [`Agent::activation_samples`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ActivationSamples {
-    /// Activations sampled on the training thread.
-    pub taken: u64,
-    /// Of those, not measured: the metrics queue was full, or libtorch failed to
-    /// prepare the sample.
-    pub dropped: u64,
-}
-
 /// The agent of one rank. Cheap to clone (an `Arc`); `Send + Sync`.
 #[derive(Clone, Debug, Default)]
 pub struct Agent {
@@ -74,9 +66,8 @@ pub(crate) struct Inner {
     pub(crate) config: AgentConfig,
     pub(crate) transport: Arc<Transport>,
     worker: Mutex<Option<Worker>>,
-    worker_dropped: Arc<AtomicU64>,
-    /// Activations sampled on the training thread (measured or dropped).
-    samples_taken: AtomicU64,
+    /// Sample counters, the agent's CPU time and the overhead budget.
+    pub(crate) sampler: Sampler,
     worker_queue: Mutex<Option<std::sync::mpsc::SyncSender<worker::Job>>>,
     /// True during a step whose activations are sampled.
     pub(crate) sampling: AtomicBool,
@@ -201,8 +192,10 @@ impl Agent {
             return;
         }
         let started = Instant::now();
-        inner.sample(name, activation);
-        inner.add_overhead(started);
+        if inner.sampler.room_for_one(WORKER_QUEUE) {
+            inner.sample(name, activation);
+        }
+        inner.add_sampling_overhead(started);
     }
 
     /// Records an event row (`kind`, a message, an optional value).
@@ -222,15 +215,20 @@ impl Agent {
     }
 
     /// Activation samples so far (not training examples, which the `samples`
-    /// column of `steps` counts): taken, and of those dropped because the metrics
-    /// worker was behind; the drops are also reported as a `samples_dropped` event.
+    /// column of `steps` counts): taken, of those dropped, and skipped (not taken,
+    /// to stay within the overhead budget or because the metrics queue was full).
+    /// At finish they are also reported as `samples_dropped` and `samples_skipped`
+    /// events.
     pub fn activation_samples(&self) -> ActivationSamples {
         self.inner
             .as_ref()
-            .map_or(ActivationSamples::default(), |i| ActivationSamples {
-                taken: i.samples_taken.load(Ordering::Relaxed),
-                dropped: i.worker_dropped.load(Ordering::Relaxed),
-            })
+            .map_or(ActivationSamples::default(), |i| i.sampler.samples())
+    }
+
+    /// The agent's CPU time against the process's since the agent started, and
+    /// the budget it is held to (`RANKSCOPE_OVERHEAD_BUDGET`); `None` when inactive.
+    pub fn overhead(&self) -> Option<Overhead> {
+        self.inner.as_ref().map(|i| i.sampler.overhead())
     }
 
     /// Flushes everything and waits (at most the configured `finish_timeout`) for
@@ -290,15 +288,14 @@ impl Inner {
                 sketch_threshold: config.sketch_threshold,
             },
         };
-        let worker_dropped = Arc::new(AtomicU64::new(0));
+        let sampler = Sampler::new(config.overhead_budget, transport.cpu_clock());
         let (worker, queue) = if config.samples_layers() {
             let w = Worker::start(
                 transport.clone(),
                 config.centered,
                 options.spectrum,
                 WORKER_QUEUE,
-                config.worker_priority,
-                worker_dropped.clone(),
+                sampler.worker.clone(),
             )?;
             let queue = w.sender();
             (Some(w), queue)
@@ -311,8 +308,7 @@ impl Inner {
             config,
             transport,
             worker: Mutex::new(worker),
-            worker_dropped,
-            samples_taken: AtomicU64::new(0),
+            sampler,
             worker_queue: Mutex::new(queue),
             sampling: AtomicBool::new(false),
             step: AtomicU64::new(0),
@@ -328,8 +324,17 @@ impl Inner {
     }
 
     pub(crate) fn add_overhead(&self, since: Instant) {
-        self.overhead_ns
-            .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let ns = since.elapsed().as_nanos() as u64;
+        self.overhead_ns.fetch_add(ns, Ordering::Relaxed);
+        self.sampler.add_training_ns(ns, false);
+    }
+
+    /// [`Inner::add_overhead`] for time spent taking a sample (it teaches the
+    /// budget what a sample costs).
+    fn add_sampling_overhead(&self, since: Instant) {
+        let ns = since.elapsed().as_nanos() as u64;
+        self.overhead_ns.fetch_add(ns, Ordering::Relaxed);
+        self.sampler.add_training_ns(ns, true);
     }
 
     fn record_shape(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
@@ -347,24 +352,22 @@ impl Inner {
     /// the only place a sample is prepared; the metrics thread only measures it.
     fn sample(&self, name: &str, activation: &Tensor) {
         let _guard = tch::no_grad_guard();
-        self.samples_taken.fetch_add(1, Ordering::Relaxed);
+        self.sampler.taken();
         let step = self.step.load(Ordering::Relaxed);
         let seed = metrics::sample_seed(&self.config.run_id, self.config.rank, step, name);
         // A copy of our own: training may modify its activation in place later.
         let prepared = metrics::prepare(&activation.detach(), &self.options, seed)
             .and_then(|sample| sample.to_owned_copy());
         let Ok(sample) = prepared else {
-            self.worker_dropped.fetch_add(1, Ordering::Relaxed);
+            self.sampler.handed(false);
             return;
         };
         let job = worker::Job::new(step, name, sample);
         let queue = self.worker_queue.lock().unwrap_or_else(|e| e.into_inner());
+        // The queue has room (checked before the sample was taken); only a
+        // finished agent refuses.
         let sent = queue.as_ref().is_some_and(|q| q.try_send(job).is_ok());
-        if !sent && self.worker_dropped.fetch_add(1, Ordering::Relaxed) == 0 {
-            tracing::warn!(
-                "activation samples dropped: the metrics worker is behind (counted, reported as a samples_dropped event); with RANKSCOPE_WORKER_PRIORITY=idle it only gets CPU time training leaves free: use normal, sample less often (RANKSCOPE_SAMPLE_EVERY) or fewer rows (RANKSCOPE_MAX_ROWS)"
-            );
-        }
+        self.sampler.handed(sent);
     }
 
     fn finish(&self) -> FinishReport {
@@ -379,22 +382,62 @@ impl Inner {
         if let Some(mut w) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
             w.finish(self.config.finish_timeout / 2);
         }
-        let mut final_rows = Vec::new();
-        let dropped_samples = self.worker_dropped.load(Ordering::Relaxed);
-        if dropped_samples > 0 {
-            final_rows.push(Row::Event(EventRow {
-                time: now_us(),
-                kind: crate::event_kind::SAMPLES_DROPPED.into(),
-                message: "activation samples dropped: the metrics worker fell behind".into(),
-                value: Some(dropped_samples as i64),
-                step: None,
-            }));
-        }
+        self.sampler.freeze();
+        let mut final_rows = self.sampling_events();
         final_rows.push(Row::Rank(RankRow::from_hello(&self.hello, Some(now_us()))));
         let report = self
             .transport
             .finish(final_rows, self.config.finish_timeout);
         self.report.get_or_init(|| report).clone()
+    }
+
+    /// The events of the final batch: samples dropped and skipped, and the agent's
+    /// share of the process's CPU time.
+    fn sampling_events(&self) -> Vec<Row> {
+        let event = |kind: &str, message: String, value: u64| {
+            Row::Event(EventRow {
+                time: now_us(),
+                kind: kind.into(),
+                message,
+                value: Some(i64::try_from(value).unwrap_or(i64::MAX)),
+                step: None,
+            })
+        };
+        let samples = self.sampler.samples();
+        let overhead = self.sampler.overhead();
+        let budget = overhead.budget;
+        let mut rows = Vec::new();
+        if samples.dropped > 0 {
+            rows.push(event(
+                crate::event_kind::SAMPLES_DROPPED,
+                "activation samples taken but not measured: libtorch could not prepare them, or the metrics thread had not measured them when finish stopped waiting".into(),
+                samples.dropped,
+            ));
+        }
+        if samples.skipped > 0 {
+            let by_budget = samples.skipped - samples.skipped_queue_full;
+            rows.push(event(
+                crate::event_kind::SAMPLES_SKIPPED,
+                format!(
+                    "planned activation samples not taken: {by_budget} to stay within RANKSCOPE_OVERHEAD_BUDGET={budget}, {} because the metrics queue was full",
+                    samples.skipped_queue_full
+                ),
+                samples.skipped,
+            ));
+        }
+        if let Some(share) = overhead.share() {
+            rows.push(event(
+                crate::event_kind::OVERHEAD_SHARE,
+                format!(
+                    "the agent used {:.1} ms of the process's {:.1} ms of CPU time ({:.2} %; budget {budget}); value in millionths",
+                    overhead.agent_ns as f64 / 1e6,
+                    overhead.process_ns as f64 / 1e6,
+                    share * 100.0
+                ),
+                (share * 1e6).round() as u64,
+            ));
+        }
+        rows
     }
 
     /// Reads RSS and allocator bytes for a step row.

@@ -19,7 +19,7 @@
 //! | `RANKSCOPE_CONV_LAYOUT` | `channelwise` or `flatten` | `channelwise` |
 //! | `RANKSCOPE_SPECTRUM` | `auto`, `exact` or `sketch`: how the spectral columns are computed (`auto` sketches matrices with at least `RANKSCOPE_SKETCH_THRESHOLD` rows and columns; the `layers.method` column says which ran) | `auto` |
 //! | `RANKSCOPE_SKETCH_THRESHOLD` | the smaller side (min of rows and columns) from which `auto` sketches | `1536` |
-//! | `RANKSCOPE_WORKER_PRIORITY` | `idle`: the metrics thread only uses CPU time training leaves free (samples are dropped, and counted, when there is none); `normal`: it competes with training | `idle` |
+//! | `RANKSCOPE_OVERHEAD_BUDGET` | the agent's share of the process's CPU time, measured (its threads' CPU clocks plus its time on the training thread) over a sliding window; planned samples it has no room for are skipped, and counted (see [`crate::budget`]); `100%` takes every planned sample | `2%` |
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
 //! | `RANKSCOPE_TOKEN` | bearer token the collector requires (`--token-file`) | none |
 //! | `RANKSCOPE_SPILL_DIR` | where unacknowledged batches wait on disk (`off`: memory only) | `rankscope-spill-$USER` in the temporary directory |
@@ -32,6 +32,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::budget::OverheadBudget;
 pub use crate::client_tls::ClientTls;
 pub use crate::collector_list::CollectorList;
 pub use crate::layer_filter::LayerFilter;
@@ -62,6 +63,8 @@ pub const RANKSCOPE_SKETCH_THRESHOLD: &str = "RANKSCOPE_SKETCH_THRESHOLD";
 pub const RANKSCOPE_ON_CONFIG_ERROR: &str = "RANKSCOPE_ON_CONFIG_ERROR";
 pub const RANKSCOPE_TOKEN: &str = "RANKSCOPE_TOKEN";
 pub const RANKSCOPE_SPILL_DIR: &str = "RANKSCOPE_SPILL_DIR";
+pub const RANKSCOPE_OVERHEAD_BUDGET: &str = "RANKSCOPE_OVERHEAD_BUDGET";
+/// No longer read: an error that points to [`RANKSCOPE_OVERHEAD_BUDGET`].
 pub const RANKSCOPE_WORKER_PRIORITY: &str = "RANKSCOPE_WORKER_PRIORITY";
 pub const RANKSCOPE_TLS_CA: &str = "RANKSCOPE_TLS_CA";
 pub const RANKSCOPE_TLS_CERT: &str = "RANKSCOPE_TLS_CERT";
@@ -148,18 +151,6 @@ impl fmt::Display for Mode {
     }
 }
 
-/// How the metrics worker thread is scheduled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WorkerPriority {
-    /// The idle scheduling class: training always goes first; when it leaves no
-    /// CPU time, samples are dropped and counted.
-    #[default]
-    Idle,
-    /// The normal class: every sample is measured, at the cost of CPU time
-    /// training could have used.
-    Normal,
-}
-
 /// How the spectral columns are computed (`RANKSCOPE_SPECTRUM`; the `layers.method` column
 /// records what ran).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -180,16 +171,6 @@ impl SpectrumMode {
             "auto" => Some(SpectrumMode::Auto),
             "exact" => Some(SpectrumMode::Exact),
             "sketch" => Some(SpectrumMode::Sketch),
-            _ => None,
-        }
-    }
-}
-
-impl WorkerPriority {
-    pub fn parse(text: &str) -> Option<WorkerPriority> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "idle" => Some(WorkerPriority::Idle),
-            "normal" => Some(WorkerPriority::Normal),
             _ => None,
         }
     }
@@ -238,7 +219,13 @@ pub enum ConfigError {
     Spectrum(String),
     #[error("{RANKSCOPE_ON_CONFIG_ERROR}={0:?}: use fail or disable")]
     OnError(String),
-    #[error("{RANKSCOPE_WORKER_PRIORITY}={0:?}: use idle or normal")]
+    #[error(
+        "{RANKSCOPE_OVERHEAD_BUDGET}={0:?} is not a budget: give the agent's share of the process's CPU time as a percentage above 0 and at most 100, with the % sign, e.g. 2% or 0.5% (100% takes every planned sample)"
+    )]
+    OverheadBudget(String),
+    #[error(
+        "{RANKSCOPE_WORKER_PRIORITY}={0:?} is no longer read: the metrics thread now runs within {RANKSCOPE_OVERHEAD_BUDGET} (default 2%); unset {RANKSCOPE_WORKER_PRIORITY}, and set {RANKSCOPE_OVERHEAD_BUDGET}=100% to measure every planned sample as `normal` did"
+    )]
     WorkerPriority(String),
     #[error(
         "{RANKSCOPE_SPILL_MAX_BYTES}={0:?} is not a size: use bytes with an optional K, M or G suffix, e.g. 512M"
@@ -334,8 +321,8 @@ pub struct AgentConfig {
     pub spill_max_bytes: u64,
     /// TLS to the collector (`RANKSCOPE_TLS_*`); `None` is plaintext.
     pub tls: Option<ClientTls>,
-    /// How the metrics worker thread is scheduled.
-    pub worker_priority: WorkerPriority,
+    /// The agent's share of the process's CPU time (`RANKSCOPE_OVERHEAD_BUDGET`).
+    pub overhead_budget: OverheadBudget,
 }
 
 impl AgentConfig {
@@ -396,7 +383,7 @@ pub struct AgentConfigBuilder {
     /// `Some(None)` turns the spill off.
     pub spill_dir: Option<Option<PathBuf>>,
     pub spill_max_bytes: Option<u64>,
-    pub worker_priority: Option<WorkerPriority>,
+    pub overhead_budget: Option<OverheadBudget>,
     pub on_config_error: Option<OnConfigError>,
 }
 
@@ -430,7 +417,7 @@ impl AgentConfigBuilder {
     setter!(token: String);
     setter!(spill_dir: Option<PathBuf>);
     setter!(spill_max_bytes: u64);
-    setter!(worker_priority: WorkerPriority);
+    setter!(overhead_budget: OverheadBudget);
     setter!(on_config_error: OnConfigError);
 
     /// Reads the process environment for whatever was not set in code.
@@ -646,11 +633,14 @@ impl AgentConfigBuilder {
         if tls.is_none() && collectors.tls() {
             return Err(ConfigError::TlsNeeded(collector));
         }
-        let worker_priority = match self.worker_priority {
-            Some(p) => p,
-            None => match env(RANKSCOPE_WORKER_PRIORITY) {
-                Some(v) => WorkerPriority::parse(&v).ok_or(ConfigError::WorkerPriority(v))?,
-                None => WorkerPriority::Idle,
+        if let Some(v) = env(RANKSCOPE_WORKER_PRIORITY) {
+            return Err(ConfigError::WorkerPriority(v));
+        }
+        let overhead_budget = match self.overhead_budget {
+            Some(b) => b,
+            None => match env(RANKSCOPE_OVERHEAD_BUDGET) {
+                Some(v) => OverheadBudget::parse(&v).ok_or(ConfigError::OverheadBudget(v))?,
+                None => OverheadBudget::DEFAULT,
             },
         };
         self.on_error_with(env)?;
@@ -683,7 +673,7 @@ impl AgentConfigBuilder {
             spill_dir,
             spill_max_bytes,
             tls,
-            worker_priority,
+            overhead_budget,
         })
     }
 }
@@ -896,6 +886,9 @@ mod tests {
         assert!(single.run_id.starts_with("local-"));
         assert_eq!(single.mode, Mode::Full);
         assert_eq!(single.sample_every, DEFAULT_SAMPLE_EVERY);
+        assert_eq!(single.overhead_budget, OverheadBudget::DEFAULT);
+        let half = build(&[(RANKSCOPE_OVERHEAD_BUDGET, "0.5%")]).unwrap();
+        assert_eq!(half.overhead_budget.percent(), 0.5);
     }
 
     #[test]
@@ -971,8 +964,16 @@ mod tests {
                 "asks for TLS",
             ),
             (
-                &[(RANKSCOPE_WORKER_PRIORITY, "high")],
-                "RANKSCOPE_WORKER_PRIORITY=\"high\": use idle or normal",
+                &[(RANKSCOPE_WORKER_PRIORITY, "normal")],
+                "RANKSCOPE_WORKER_PRIORITY=\"normal\" is no longer read",
+            ),
+            (
+                &[(RANKSCOPE_OVERHEAD_BUDGET, "2")],
+                "RANKSCOPE_OVERHEAD_BUDGET=\"2\" is not a budget",
+            ),
+            (
+                &[(RANKSCOPE_OVERHEAD_BUDGET, "150%")],
+                "at most 100, with the % sign, e.g. 2% or 0.5%",
             ),
             (
                 &[(RANKSCOPE_SPILL_MAX_BYTES, "lots")],

@@ -3,6 +3,8 @@
 //! step, and streams all of it to the collector without ever blocking training.
 //!
 //! Layout:
+//! - [`budget`]: the overhead budget and the controller that holds it;
+//!   [`cpu_clock`]: the CPU clocks it reads;
 //! - [`collector_list`]: which collector each rank sends to;
 //! - [`config`]: `RANKSCOPE_*`, torchrun and SLURM variables, and the builder;
 //! - [`layer_filter`]: which layers are sampled (`RANKSCOPE_LAYERS`);
@@ -14,15 +16,18 @@
 //!   streams and resends; [`client_tls`]: TLS to the collector; [`report`]: what
 //!   was delivered, at finish;
 //! - with the `torch` feature: [`metrics`] (the spectral and health metrics),
-//!   [`worker`] (metrics off the training thread), [`tap`] (capturing
+//!   [`worker`] (metrics off the training thread), [`sampler`] (which
+//!   planned samples are taken, within the budget), [`tap`] (capturing
 //!   activations), [`step`] (step and phase timing), [`memory`] (RSS and
 //!   allocator bytes), [`threads`] (intra-op threads per thread), [`profile`]
 //!   (the static model profile), and [`agent`] (the handle training code holds).
 
+pub mod budget;
 pub mod client_tls;
 pub mod collector_list;
 pub mod config;
 mod connection;
+pub mod cpu_clock;
 pub mod layer_filter;
 pub mod outbox;
 mod queue;
@@ -38,6 +43,8 @@ pub mod memory;
 pub mod metrics;
 #[cfg(feature = "torch")]
 pub mod profile;
+#[cfg(feature = "torch")]
+pub mod sampler;
 #[cfg(feature = "torch")]
 pub mod spectra;
 #[cfg(feature = "torch")]
@@ -61,15 +68,21 @@ pub use transport::{Transport, TransportConfig};
 pub mod event_kind {
     /// Rows dropped because the row queue or the outbox was full.
     pub const ROWS_DROPPED: &str = "rows_dropped";
-    /// Activation samples not measured.
+    /// Activation samples taken but not measured.
     pub const SAMPLES_DROPPED: &str = "samples_dropped";
+    /// Planned activation samples not taken (overhead budget, full metrics queue).
+    pub const SAMPLES_SKIPPED: &str = "samples_skipped";
+    /// The agent's share of the process's CPU time, at finish.
+    pub const OVERHEAD_SHARE: &str = "overhead_share";
     /// Damaged records skipped in a rank's spill directory.
     pub const SPILL_DAMAGED: &str = "spill_damaged";
     /// NaN or ±Inf in a sampled activation.
     pub const NONFINITE_ACTIVATION: &str = "nonfinite_activation";
-    pub const ALL: [&str; 4] = [
+    pub const ALL: [&str; 6] = [
         ROWS_DROPPED,
         SAMPLES_DROPPED,
+        SAMPLES_SKIPPED,
+        OVERHEAD_SHARE,
         SPILL_DAMAGED,
         NONFINITE_ACTIVATION,
     ];

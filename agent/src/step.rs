@@ -1,5 +1,7 @@
 //! Step timing: a step guard and phase guards for data, forward, backward and
-//! optimizer. The guard's drop sends the `steps` row; its `overhead_ms` is the time
+//! optimizer. A step with a planned activation sample asks the overhead budget
+//! whether it is taken ([`crate::sampler`]) when it begins.
+//! The guard's drop sends the `steps` row; its `overhead_ms` is the time
 //! the agent spent on the training thread during the step, this row's own
 //! bookkeeping included. Queuing the row happens after its `overhead_ms` is taken,
 //! so that time is counted in the next step's.
@@ -68,8 +70,15 @@ impl StepGuard {
         let started = Instant::now();
         if let Some(inner) = agent.inner() {
             inner.step.store(step, Ordering::Relaxed);
-            let sampled =
+            let planned =
                 inner.config.samples_layers() && step.is_multiple_of(inner.config.sample_every);
+            // A planned sample is taken only if the overhead budget has room for it.
+            let sampled = planned && {
+                let deciding = Instant::now();
+                let take = inner.sampler.decide();
+                inner.add_overhead(deciding);
+                take
+            };
             inner.sampling.store(sampled, Ordering::Relaxed);
         }
         StepGuard {

@@ -4,7 +4,6 @@
 // libtorch thread starts from; the OpenMP setting changed here is per thread.
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
-#include <sched.h>
 
 extern "C" int rankscope_threads_here() {
   try {
@@ -37,14 +36,3 @@ extern "C" int rankscope_limit_threads_here(int n) {
   }
 }
 
-// Gives the calling thread the idle scheduling class (Linux SCHED_IDLE): it runs
-// only on CPU time no other thread wants. Returns 0 on success, -1 otherwise.
-extern "C" int rankscope_idle_priority_here() {
-#ifdef SCHED_IDLE
-  struct sched_param param = {};
-  param.sched_priority = 0;
-  return sched_setscheduler(0, SCHED_IDLE, &param) == 0 ? 0 : -1;
-#else
-  return -1;
-#endif
-}

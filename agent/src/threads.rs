@@ -1,23 +1,16 @@
 //! How the metrics worker thread runs (through the C++ shim in `threads.cpp`).
 //!
-//! - It limits itself to one libtorch intra-op thread, so its small matrix products
-//!   never start a second OpenMP team that would fight the training thread's team
-//!   for the same cores. The training threads keep their setting.
-//! - It takes the idle scheduling class, so it runs on CPU time training leaves
-//!   free and never takes a core from it. When training leaves none, the worker's
-//!   queue fills and samples are dropped and counted (`samples_dropped` events):
-//!   training goes first.
+//! It limits itself to one libtorch intra-op thread, so its small matrix products
+//! never start a second OpenMP team that would fight the training thread's team
+//! for the same cores. The training threads keep their setting.
+//!
+//! It stays in the normal scheduling class: the overhead budget
+//! ([`crate::budget`]) bounds its CPU time by giving it fewer samples. (In the
+//! idle class it got no CPU time at all while training kept every core busy.)
 
 unsafe extern "C" {
     fn rankscope_threads_here() -> i32;
     fn rankscope_limit_threads_here(n: i32) -> i32;
-    fn rankscope_idle_priority_here() -> i32;
-}
-
-/// Gives this thread the idle scheduling class (Linux); false where it cannot.
-pub fn idle_priority_for_this_thread() -> bool {
-    // SAFETY: the shim takes no pointers.
-    unsafe { rankscope_idle_priority_here() == 0 }
 }
 
 /// The intra-op threads libtorch uses for operations started on this thread.

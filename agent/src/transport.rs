@@ -70,6 +70,13 @@ impl Transport {
         })
     }
 
+    /// The transport thread's CPU clock (for the overhead budget); read it only
+    /// before [`Transport::finish`], which joins the thread.
+    pub fn cpu_clock(&self) -> Option<crate::cpu_clock::ThreadClock> {
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner());
+        thread.as_ref().and_then(crate::cpu_clock::ThreadClock::of)
+    }
+
     /// Queues a row, or gives it back when the queue is full (nothing counted): for
     /// producers that can wait, such as the load generator.
     // The row comes back by value: boxing it would allocate on the hot path.

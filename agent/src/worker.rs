@@ -3,22 +3,23 @@
 //!
 //! The training thread prepares each sample once ([`metrics::prepare`]: reshape and
 //! row sample, then a detached copy) and hands the [`Job`] over through a bounded
-//! queue (`try_send`); this thread only measures ([`metrics::measure`]). When the
-//! worker falls behind, the sample is dropped and
-//! counted, and the training thread goes on. By default the worker runs in the
-//! idle scheduling class ([`crate::threads`]), so it only uses CPU time training
-//! leaves free.
+//! queue (`try_send`); this thread only measures ([`metrics::measure`]). The
+//! training thread takes no sample while the queue is full (it counts it as
+//! skipped, [`crate::sampler`]), and the overhead budget keeps the worker's CPU
+//! time within its share ([`crate::budget`]): the worker runs in the normal
+//! scheduling class and reports its own CPU time after each sample.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rankscope_proto::v1::EventRow;
 
-use crate::config::WorkerPriority;
+use crate::cpu_clock;
 use crate::metrics::{self, Sample, SpectrumOptions};
+use crate::sampler::WorkerCounters;
 use crate::transport::Transport;
 use crate::{Row, now_us};
 
@@ -54,14 +55,14 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts the thread; jobs it skips are added to `dropped`.
-    pub fn start(
+    /// Starts the thread; it counts the jobs it is done with, its CPU time, and
+    /// the jobs it skips at finish (dropped) in `counters`.
+    pub(crate) fn start(
         transport: Arc<Transport>,
         centered: bool,
         spectrum: SpectrumOptions,
         capacity: usize,
-        priority: WorkerPriority,
-        dropped: Arc<AtomicU64>,
+        counters: Arc<WorkerCounters>,
     ) -> std::io::Result<Worker> {
         let (tx, rx) = sync_channel::<Job>(capacity.max(1));
         let abandon = Arc::new(AtomicBool::new(false));
@@ -73,14 +74,15 @@ impl Worker {
                 if crate::threads::limit_this_thread(1).is_none() {
                     tracing::debug!("cannot limit the metrics worker's intra-op threads");
                 }
-                if priority == WorkerPriority::Idle
-                    && !crate::threads::idle_priority_for_this_thread()
-                {
-                    tracing::debug!("cannot give the metrics worker the idle scheduling class");
-                }
+                let report_cpu = || {
+                    if let Some(ns) = cpu_clock::this_thread_ns() {
+                        counters.cpu_ns.store(ns, Ordering::Relaxed);
+                    }
+                };
                 for job in rx {
                     if abandoned.load(Ordering::Relaxed) {
-                        dropped.fetch_add(1, Ordering::Relaxed);
+                        counters.dropped.fetch_add(1, Ordering::Relaxed);
+                        counters.done.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
                     let started = Instant::now();
@@ -98,7 +100,10 @@ impl Worker {
                     transport.send(Row::Layer(
                         m.into_layer_row(job.step, job.time, job.layer, compute_ms),
                     ));
+                    report_cpu();
+                    counters.done.fetch_add(1, Ordering::Relaxed);
                 }
+                report_cpu();
             })?;
         Ok(Worker {
             queue: Some(tx),
@@ -114,9 +119,9 @@ impl Worker {
     }
 
     /// Measures the queued jobs and stops the thread (once every sender is
-    /// dropped). A worker in the idle class may get no CPU time while other
-    /// processes keep every core busy: past `wait`, the jobs still queued are
-    /// skipped (and counted as dropped) rather than hold up the caller.
+    /// dropped). Past `wait` (a worker starved of CPU time by other processes),
+    /// the jobs still queued are skipped (and counted as dropped) rather than
+    /// hold up the caller.
     pub fn finish(&mut self, wait: Duration) {
         self.queue = None;
         let Some(thread) = self.thread.take() else {

@@ -2,26 +2,30 @@
 //!
 //! The same training loop runs in rounds that interleave four configurations
 //! (agent off, off again as a noise floor, sampling every 10 steps, sampling every
-//! step), in a rotating order, all streaming to a
-//! collector in its own process as in production, so machine noise hits them
-//! alike; the overhead is the ratio of median round times. This is done once per
-//! training thread count: all cores to training (nothing left for the agent's
-//! threads), and one core left free (as on GPU nodes, where the training process
-//! mostly waits on the device). It also times the training thread's cost of a
-//! non-sampled and of a sampled tap, the worker's cost of one sample, and the
-//! agent's start-up with 200 taps. It prints a Markdown report.
+//! step), in a rotating order, all streaming to a collector in its own process as
+//! in production, so machine noise hits them alike; the overhead is the ratio of
+//! median round times. Each configuration trains in a process of its own (this
+//! binary, started with the hidden `--child`), so the agent's overhead budget
+//! measures against the CPU time of its own process, as in production. This is
+//! done once per training thread count: all cores to training (nothing left for
+//! the agent's threads), and one core left free (as on GPU nodes, where the
+//! training process mostly waits on the device). For the sampling
+//! configurations it reports the agent's measured CPU share against the budget,
+//! and the samples taken against those the budget allows. It also times the
+//! training thread's cost of a non-sampled and of a sampled tap, the worker's
+//! cost of one sample, and the agent's start-up with 200 taps. It prints a
+//! Markdown report.
 //!
 //! `--spectrum` measures something else: the exact and the sketched spectrum of one
 //! matrix per kind of spectrum, side by side (CPU time and relative errors), as in
 //! `docs/metrics.md`.
 
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use rankscope_agent::agent::ActivationSamples;
-use rankscope_agent::config::{AgentConfig, WorkerPriority};
+use rankscope_agent::config::{AgentConfig, OverheadBudget};
 use rankscope_agent::metrics::{self, MatrixOptions};
 use rankscope_agent::step::Phase;
 use rankscope_agent::{Agent, Mode};
@@ -35,7 +39,7 @@ use crate::workloads::{self, Workload};
 #[command(after_help = "Examples:
   rankscope bench
   rankscope bench --model transformer --rounds 9 --steps-per-round 60
-  rankscope bench --threads 16,15
+  rankscope bench --threads 16,15 --overhead-budget 1%
   rankscope bench --spectrum --rows 2048 --cols 4096")]
 pub struct Args {
     #[arg(long, value_enum, default_value_t = Workload::Transformer)]
@@ -52,9 +56,15 @@ pub struct Args {
     /// [default: all cores, then all cores but one].
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
-    /// Scheduling of the agent's metrics thread: idle or normal (RANKSCOPE_WORKER_PRIORITY).
-    #[arg(long, default_value = "idle", value_parser = parse_priority)]
-    pub worker_priority: WorkerPriority,
+    /// The agent's share of its process's CPU time (RANKSCOPE_OVERHEAD_BUDGET).
+    #[arg(long, default_value = "2%", value_parser = parse_budget)]
+    pub overhead_budget: OverheadBudget,
+    /// Internal: train one configuration, driven round by round through stdin.
+    #[arg(long, hide = true, requires = "collector")]
+    pub child: Option<usize>,
+    /// Internal: the collector a `--child` sends to.
+    #[arg(long, hide = true)]
+    pub collector: Option<String>,
     /// Instead of the overhead: exact against sketched spectrum on synthetic spectra.
     #[arg(long)]
     pub spectrum: bool,
@@ -66,15 +76,15 @@ pub struct Args {
     pub cols: i64,
 }
 
-fn parse_priority(text: &str) -> Result<WorkerPriority, String> {
-    WorkerPriority::parse(text).ok_or_else(|| format!("{text:?}: use idle or normal"))
+fn parse_budget(text: &str) -> Result<OverheadBudget, String> {
+    OverheadBudget::parse(text)
+        .ok_or_else(|| format!("{text:?}: give a percentage with the % sign, e.g. 2% or 0.5%"))
 }
 
 struct Setup {
     label: &'static str,
     mode: Mode,
     sample_every: u64,
-    target: &'static str,
 }
 
 const SETUPS: [Setup; 4] = [
@@ -82,7 +92,6 @@ const SETUPS: [Setup; 4] = [
         label: "off",
         mode: Mode::Off,
         sample_every: 1,
-        target: "-",
     },
     // The same as the first: how far two identical configurations differ in this
     // run, i.e. the noise floor of the other ratios.
@@ -90,25 +99,25 @@ const SETUPS: [Setup; 4] = [
         label: "off again (noise floor)",
         mode: Mode::Off,
         sample_every: 1,
-        target: "-",
     },
     Setup {
         label: "every 10 steps",
         mode: Mode::Full,
         sample_every: 10,
-        target: "<= 0.5 %",
     },
     Setup {
         label: "every step",
         mode: Mode::Full,
         sample_every: 1,
-        target: "<= 2 %",
     },
 ];
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.spectrum {
         return spectrum(&args);
+    }
+    if let Some(setup) = args.child {
+        return child(&args, setup);
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = if args.threads.is_empty() {
@@ -125,24 +134,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let collector = ChildCollector::start()?;
     println!(
-        "{} cores; collector in its own process; {} model, batch {}, {} rounds x {} steps per configuration, interleaved; metrics thread priority {:?}\n",
+        "{} cores; collector in its own process; {} model, batch {}, {} rounds x {} steps per configuration, interleaved, each in its own process; overhead budget {}\n",
         cores,
         args.model.name(),
         args.batch_size,
         args.rounds,
         args.steps_per_round,
-        args.worker_priority
+        args.overhead_budget
     );
     let bar = indicatif::ProgressBar::new((threads.len() * args.rounds * SETUPS.len()) as u64);
     let mut tables = Vec::new();
-    for (i, &n) in threads.iter().enumerate() {
-        tch::set_num_threads(n as i32);
-        let times = overhead_rounds(&args, &collector.addr, &format!("bench-t{n}-{i}"), &bar)?;
-        tables.push((n, times));
+    for &n in &threads {
+        let rounds = overhead_rounds(&args, n, &collector.addr, &bar)?;
+        tables.push((n, rounds));
     }
     bar.finish_and_clear();
-    for (n, times) in &tables {
-        print_overhead(*n, cores, times, args.steps_per_round);
+    for (n, rounds) in &tables {
+        print_overhead(*n, cores, rounds, &args);
     }
 
     tch::set_num_threads(threads[0] as i32);
@@ -170,102 +178,242 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Per setup: the median round in seconds, and the activation samples taken and dropped.
-struct Rounds {
-    median: Vec<f64>,
-    samples: Vec<ActivationSamples>,
+/// What a configuration's process reports at the end.
+#[derive(Debug, Default, Clone, Copy)]
+struct ChildReport {
+    taken: u64,
+    dropped: u64,
+    skipped: u64,
+    agent_ns: u64,
+    process_ns: u64,
 }
 
-/// Rounds interleaved over the setups; the first round warms up.
+/// Per setup: the median round in seconds, and what its process reported.
+struct Rounds {
+    median: Vec<f64>,
+    reports: Vec<ChildReport>,
+}
+
+/// One configuration's training process, driven round by round.
+struct SetupProcess {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl SetupProcess {
+    fn start(args: &Args, setup: usize, threads: usize, addr: &str) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("cannot find the rankscope binary")?;
+        let mut child = Command::new(exe)
+            .args(["bench", "--child", &setup.to_string(), "--collector", addr])
+            .args(["--threads", &threads.to_string()])
+            .args(["--model", args.model.name()])
+            .args(["--steps-per-round", &args.steps_per_round.to_string()])
+            .args(["--batch-size", &args.batch_size.to_string()])
+            .args(["--overhead-budget", &args.overhead_budget.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start a bench configuration")?;
+        let stdin = child.stdin.take().context("child stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("child stdout")?);
+        let mut process = SetupProcess {
+            child,
+            stdin,
+            stdout,
+        };
+        process.answer()?; // "ready": the model is built.
+        Ok(process)
+    }
+
+    fn ask(&mut self, command: &str) -> anyhow::Result<String> {
+        writeln!(self.stdin, "{command}")?;
+        self.stdin.flush()?;
+        self.answer()
+    }
+
+    fn answer(&mut self) -> anyhow::Result<String> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        anyhow::ensure!(!line.is_empty(), "a bench configuration exited early");
+        Ok(line.trim().to_string())
+    }
+}
+
+impl Drop for SetupProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Rounds interleaved over the setups, each in its own process; the first round
+/// warms up.
 fn overhead_rounds(
     args: &Args,
+    threads: usize,
     addr: &str,
-    run_prefix: &str,
     bar: &indicatif::ProgressBar,
 ) -> anyhow::Result<Rounds> {
-    tch::manual_seed(0);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let mut models = Vec::new();
-    for (i, setup) in SETUPS.iter().enumerate() {
-        let config = AgentConfig::builder()
-            .mode(setup.mode)
-            .sample_every(setup.sample_every)
-            .worker_priority(args.worker_priority)
-            .collector(addr.to_string())
-            .run_id(format!("{run_prefix}-{i}"))
-            .rank(0u32)
-            .world_size(1u32)
-            .build_with(|_| None)?;
-        let agent = Agent::new(config);
-        let model = workloads::build(args.model, &(vs.root() / format!("m{i}")), &agent);
-        models.push((agent, model));
-    }
-    let mut opt = nn::AdamW::default().build(&vs, 1e-3)?;
-    let mut data = workloads::Data::new(args.model, 1, Device::Cpu);
+    let mut processes = (0..SETUPS.len())
+        .map(|i| SetupProcess::start(args, i, threads, addr))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); SETUPS.len()];
-    let mut step = 0u64;
     for round in 0..=args.rounds {
         // Each round starts with the next configuration, so none always runs
         // right after another.
-        for k in 0..models.len() {
-            let i = (round + k) % models.len();
-            let (agent, model) = &models[i];
-            let started = Instant::now();
-            for _ in 0..args.steps_per_round {
-                let s = agent.step(step);
-                step += 1;
-                workloads::train_step(
-                    args.model,
-                    model,
-                    &vs,
-                    &mut opt,
-                    &mut data,
-                    args.batch_size,
-                    &s,
-                );
-            }
+        for k in 0..processes.len() {
+            let i = (round + k) % processes.len();
+            let answer = processes[i].ask("round")?;
+            let secs: f64 = answer
+                .parse()
+                .with_context(|| format!("a round answered {answer:?}"))?;
             if round > 0 {
-                times[i].push(started.elapsed().as_secs_f64());
+                times[i].push(secs);
                 bar.inc(1);
             }
         }
     }
-    let mut unacked = 0;
-    let mut samples = Vec::new();
-    for (agent, _) in &models {
-        samples.push(agent.activation_samples());
-        unacked += agent.finish().rows_unacked;
-    }
-    if unacked > 0 {
-        tracing::warn!(unacked, "rows were not acknowledged by the bench collector");
+    let mut reports = Vec::new();
+    for p in &mut processes {
+        let answer = p.ask("finish")?;
+        let n: Vec<u64> = answer
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("a configuration reported {answer:?}"))?;
+        anyhow::ensure!(n.len() == 5, "a configuration reported {answer:?}");
+        reports.push(ChildReport {
+            taken: n[0],
+            dropped: n[1],
+            skipped: n[2],
+            agent_ns: n[3],
+            process_ns: n[4],
+        });
     }
     Ok(Rounds {
         median: times.iter().map(|t| median(t)).collect(),
-        samples,
+        reports,
     })
 }
 
-fn print_overhead(threads: usize, cores: usize, rounds: &Rounds, steps: u64) {
+/// A configuration's process: builds its model, then runs a round per `round`
+/// line on stdin (answering its seconds), and reports its samples and CPU times
+/// on `finish`.
+fn child(args: &Args, index: usize) -> anyhow::Result<()> {
+    let setup = SETUPS
+        .get(index)
+        .with_context(|| format!("--child {index}: no such configuration"))?;
+    let threads = args.threads.first().copied().unwrap_or(1).max(1);
+    tch::set_num_threads(threads as i32);
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let config = AgentConfig::builder()
+        .mode(setup.mode)
+        .sample_every(setup.sample_every)
+        .overhead_budget(args.overhead_budget)
+        .collector(args.collector.clone().unwrap_or_default())
+        .run_id(format!("bench-t{threads}-{index}-{}", std::process::id()))
+        .rank(0u32)
+        .world_size(1u32)
+        .build_with(|_| None)?;
+    let agent = Agent::new(config);
+    let model = workloads::build(args.model, &vs.root(), &agent);
+    let mut opt = nn::AdamW::default().build(&vs, 1e-3)?;
+    let mut data = workloads::Data::new(args.model, 1, Device::Cpu);
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut step = 0u64;
+    for line in std::io::stdin().lock().lines() {
+        match line?.trim() {
+            "round" => {
+                let started = Instant::now();
+                for _ in 0..args.steps_per_round {
+                    let s = agent.step(step);
+                    step += 1;
+                    workloads::train_step(
+                        args.model,
+                        &model,
+                        &vs,
+                        &mut opt,
+                        &mut data,
+                        args.batch_size,
+                        &s,
+                    );
+                }
+                writeln!(out, "{}", started.elapsed().as_secs_f64())?;
+            }
+            "finish" => {
+                let report = agent.finish();
+                if report.rows_unacked > 0 {
+                    tracing::warn!(
+                        unacked = report.rows_unacked,
+                        "rows were not acknowledged by the bench collector"
+                    );
+                }
+                let samples = agent.activation_samples();
+                let overhead = agent.overhead();
+                writeln!(
+                    out,
+                    "{} {} {} {} {}",
+                    samples.taken,
+                    samples.dropped,
+                    samples.skipped,
+                    overhead.map_or(0, |o| o.agent_ns),
+                    overhead.map_or(0, |o| o.process_ns)
+                )?;
+                out.flush()?;
+                return Ok(());
+            }
+            other => anyhow::bail!("unknown bench command {other:?}"),
+        }
+        out.flush()?;
+    }
+    Ok(())
+}
+
+fn print_overhead(threads: usize, cores: usize, rounds: &Rounds, args: &Args) {
     let times = &rounds.median;
     let spare = cores.saturating_sub(threads);
+    let budget = args.overhead_budget;
     println!(
         "### Training on {threads} intra-op thread(s), {spare} core(s) left for the agent and collector\n"
     );
     println!(
-        "| configuration | median round | ms/step | overhead vs off | target | samples dropped / taken |"
+        "| configuration | median round | ms/step | overhead vs off | agent CPU share | target | samples taken / skipped / dropped | taken / allowed by the budget |"
     );
-    println!("|---|---|---|---|---|---|");
-    for ((setup, &m), samples) in SETUPS.iter().zip(times).zip(&rounds.samples) {
-        let ActivationSamples { taken, dropped } = *samples;
+    println!("|---|---|---|---|---|---|---|---|");
+    for ((setup, &m), r) in SETUPS.iter().zip(times).zip(&rounds.reports) {
+        let sampling = setup.mode != Mode::Off;
+        let (share, target, samples, allowed) = if sampling {
+            let share = r.agent_ns as f64 / r.process_ns.max(1) as f64;
+            // Planned samples, and how many of them the budget pays for at the
+            // measured cost of a sample (all the agent's CPU time per sample taken).
+            let planned = r.taken + r.skipped;
+            let per_sample = r.agent_ns as f64 / r.taken.max(1) as f64;
+            let affordable = budget.fraction() * r.process_ns as f64 / per_sample.max(1.0);
+            let allowed = (planned as f64).min(affordable).max(1.0);
+            (
+                format!("{:.2} %", 100.0 * share),
+                format!("<= {budget}"),
+                format!("{} / {} / {}", r.taken, r.skipped, r.dropped),
+                format!("{:.0} %", 100.0 * r.taken as f64 / allowed),
+            )
+        } else {
+            ("-".into(), "-".into(), "-".into(), "-".into())
+        };
         println!(
-            "| {} | {:.3} s | {:.3} | {:+.2} % | {} | {} / {} |",
+            "| {} | {:.3} s | {:.3} | {:+.2} % | {} | {} | {} | {} |",
             setup.label,
             m,
-            1e3 * m / steps as f64,
+            1e3 * m / args.steps_per_round as f64,
             100.0 * (m / times[0] - 1.0),
-            setup.target,
-            dropped,
-            taken
+            share,
+            target,
+            samples,
+            allowed
         );
     }
     println!();
@@ -352,6 +500,8 @@ fn agent_for(addr: &str, sample_every: u64) -> anyhow::Result<Agent> {
         .collector(addr.to_string())
         .run_id("bench-cost")
         .sample_every(sample_every)
+        // These time single operations: every planned sample is taken.
+        .overhead_budget(OverheadBudget::from_percent(100.0).unwrap_or_default())
         .rank(0u32)
         .world_size(1u32)
         .finish_timeout(Duration::from_secs(5))

@@ -36,6 +36,7 @@ struct RankStats {
     overhead_pct: Option<f64>,
     comm_ms: Option<f64>,
     samples_dropped: i64,
+    samples_skipped: i64,
 }
 
 /// The summary text of `run_id`, from SQL over the dataset.
@@ -63,27 +64,29 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
         }
     }
     for b in &data.sql(&format!(
-        "SELECT CAST(rank AS BIGINT) AS rank, sum(value) AS dropped FROM events
-         WHERE run_id = {id} AND kind = 'samples_dropped' GROUP BY rank"
+        "SELECT CAST(rank AS BIGINT) AS rank,
+                CAST(sum(CASE WHEN kind = 'samples_dropped' THEN value ELSE 0 END) AS BIGINT) AS dropped,
+                CAST(sum(CASE WHEN kind = 'samples_skipped' THEN value ELSE 0 END) AS BIGINT) AS skipped
+         FROM events WHERE run_id = {id} GROUP BY rank"
     ))? {
-        let (rank, dropped) = (ints(b, "rank")?, ints(b, "dropped")?);
+        let (rank, dropped, skipped) = (ints(b, "rank")?, ints(b, "dropped")?, ints(b, "skipped")?);
         for i in 0..b.num_rows() {
-            ranks
-                .entry(rank[i].unwrap_or_default())
-                .or_default()
-                .samples_dropped = dropped[i].unwrap_or_default();
+            let s = ranks.entry(rank[i].unwrap_or_default()).or_default();
+            s.samples_dropped = dropped[i].unwrap_or_default();
+            s.samples_skipped = skipped[i].unwrap_or_default();
         }
     }
     let mut text = format!("run {run_id}\n\n");
-    text += "rank   steps   mean step ms   mean comm ms   overhead %   samples dropped\n";
+    text += "rank   steps   mean step ms   mean comm ms   overhead %   samples skipped   samples dropped\n";
     let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
     for (rank, s) in &ranks {
         text += &format!(
-            "{rank:>4}   {:>5}   {:>12}   {:>12}   {:>10}   {:>15}\n",
+            "{rank:>4}   {:>5}   {:>12}   {:>12}   {:>10}   {:>15}   {:>15}\n",
             s.steps,
             show(s.step_ms),
             show(s.comm_ms),
             show(s.overhead_pct),
+            s.samples_skipped,
             s.samples_dropped
         );
     }
@@ -91,7 +94,10 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
         text += "(comm ms: all-reduce launch to completion; the rank that waits least is the one the others wait for)\n";
     }
     if ranks.values().any(|s| s.samples_dropped > 0) {
-        text += "(samples dropped: the metrics threads had no spare CPU time; see RANKSCOPE_WORKER_PRIORITY)\n";
+        text += "(samples dropped: taken but not measured, e.g. libtorch failed to prepare them; see the events table)\n";
+    }
+    if ranks.values().any(|s| s.samples_skipped > 0) {
+        text += "(samples skipped: planned samples the agent's CPU budget had no room for; see RANKSCOPE_OVERHEAD_BUDGET)\n";
     }
     // Per layer, in the order of first sampling: the mean over ranks of the
     // stable and effective rank at the first and last step with finite values.

@@ -338,9 +338,9 @@ pub fn rankscope(args: &[&str]) -> String {
         .args(args)
         .env("RANKSCOPE_LOG", "warn")
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
-        // Tests count layer rows exactly: every sample must be measured, which the
-        // default idle metrics thread does not promise on a busy small machine.
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        // Tests count layer rows exactly: every planned sample must be taken, which
+        // the default 2 % overhead budget does not promise.
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "100%")
         .output()
         .expect("run rankscope");
     let text = String::from_utf8_lossy(&output.stdout).into_owned()

@@ -21,9 +21,9 @@ pub fn train(collector: &str, run_id: &str, steps: u64, spill: &Path, finish: &s
         .args(["--batch-size", "32", "--collector", collector])
         .args(["--run-id", run_id, "--finish-timeout", finish])
         .env("RANKSCOPE_SPILL_DIR", spill)
-        // Exact layer counts need every sample measured; in the default idle class
-        // the metrics thread may get no CPU time beside training on a small machine.
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        // Exact layer counts need every planned sample taken, which the default
+        // 2 % overhead budget does not promise.
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "100%")
         .env("RANKSCOPE_LOG", "error")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -122,9 +122,9 @@ pub fn ddp_example(torchrun_args: &[&str], script_args: &[&str], env: &[(&str, &
         .args(script_args)
         .env("RANKSCOPE_LOG", "warn")
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
-        // Layer rows are counted exactly: every sample must be measured, which the
-        // idle metrics thread does not promise on a busy small machine.
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        // Layer rows are counted exactly: every planned sample must be taken, which
+        // the default 2 % overhead budget does not promise.
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "100%")
         .env("OMP_NUM_THREADS", "1");
     for (k, v) in env {
         cmd.env(k, v);

@@ -140,7 +140,7 @@ fn training_without_a_collector_finishes_and_reports_unacknowledged_rows() {
     let addr = format!("127.0.0.1:{port}");
     let output = Command::new(bin("rankscope"))
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "100%")
         .args(train_args(
             "15",
             "5",
@@ -164,7 +164,7 @@ fn training_without_a_collector_finishes_and_reports_unacknowledged_rows() {
 fn wrong_rank_variables_fail_clearly_or_disable_on_request() {
     let output = Command::new(bin("rankscope"))
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "100%")
         .args(train_args("2", "1", &[]))
         .env("RANK", "7")
         .env("WORLD_SIZE", "4")
@@ -176,7 +176,7 @@ fn wrong_rank_variables_fail_clearly_or_disable_on_request() {
 
     let output = Command::new(bin("rankscope"))
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "100%")
         .args(train_args("2", "1", &["--finish-timeout", "1s"]))
         .env("RANKSCOPE_MODE", "sometimes")
         .env("RANKSCOPE_ON_CONFIG_ERROR", "disable")
@@ -194,7 +194,7 @@ fn real_torchrun_launch_lands_in_the_collector() {
     let exe = bin("rankscope");
     let output = Command::new(tool("torchrun"))
         .env("RANKSCOPE_SPILL_DIR", spill_dir())
-        .env("RANKSCOPE_WORKER_PRIORITY", "normal")
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "100%")
         .args([
             "--standalone",
             "--nnodes",
@@ -227,5 +227,55 @@ fn real_torchrun_launch_lands_in_the_collector() {
     assert_eq!(
         count(out, "ranks", "world_size = 2 and run_id = 'torchrun-2'"),
         2
+    );
+}
+
+#[test]
+fn samples_skipped_for_the_overhead_budget_are_counted_as_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = CollectorProc::start(dir.path(), &[]);
+    let steps = 30;
+    let output = Command::new(bin("rankscope"))
+        .env("RANKSCOPE_SPILL_DIR", spill_dir())
+        // So small that after the first planned sample (always taken: it tells
+        // what a sample costs) no other fits in this short run.
+        .env("RANKSCOPE_OVERHEAD_BUDGET", "0.0001%")
+        .args(train_args(
+            &steps.to_string(),
+            "1",
+            &["--collector", &collector.addr, "--run-id", "budget-1"],
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(collector.stop());
+    let out = dir.path();
+    let layers = count(out, "layers", "");
+    let event = |kind: &str| -> Vec<u64> {
+        duckdb(&format!(
+            "select value from {} where kind = '{kind}'",
+            table(out, "events")
+        ))
+        .lines()
+        .map(|v| v.trim().parse().unwrap())
+        .collect()
+    };
+    let skipped = event("samples_skipped");
+    assert_eq!(skipped.len(), 1, "one samples_skipped event: {skipped:?}");
+    assert!(layers >= MLP_LAYERS, "the first planned sample is taken");
+    assert!(skipped[0] > 0);
+    // Every planned sample (every layer of every step) is taken or skipped;
+    // nothing is dropped.
+    assert_eq!(layers + skipped[0], steps * MLP_LAYERS);
+    assert_eq!(event("samples_dropped"), Vec::<u64>::new());
+    assert_eq!(event("overhead_share").len(), 1);
+    assert_eq!(
+        count(
+            out,
+            "events",
+            "kind = 'samples_skipped' and message like '%RANKSCOPE_OVERHEAD_BUDGET=0.0001%'"
+        ),
+        1
     );
 }

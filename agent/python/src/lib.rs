@@ -18,7 +18,7 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyList};
 use pyo3_tch::PyTensor;
-use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
+use rankscope_agent::config::{AgentConfigBuilder, OnConfigError, OverheadBudget};
 use rankscope_agent::profile::Optimizer;
 use rankscope_agent::step::{Phase, StepGuard};
 use rankscope_agent::{Agent, FinishReport, Mode};
@@ -165,10 +165,10 @@ impl NativeAgent {
         Ok(list)
     }
 
-    /// `(activations sampled, of which dropped)` so far.
-    fn samples(&self) -> (u64, u64) {
+    /// `(activations sampled, of which dropped, planned but skipped)` so far.
+    fn samples(&self) -> (u64, u64, u64) {
         let samples = self.agent.activation_samples();
-        (samples.taken, samples.dropped)
+        (samples.taken, samples.dropped, samples.skipped)
     }
 
     /// Flushes everything and waits (at most the finish timeout) for the collector to
@@ -440,7 +440,7 @@ impl From<FinishReport> for Report {
 /// override defaults. A wrong setting raises `ConfigError`, or with
 /// `RANKSCOPE_ON_CONFIG_ERROR=disable` warns once and returns an inert agent.
 #[pyfunction]
-#[pyo3(signature = (*, collector = None, run_id = None, mode = None, sample_every = None, layers = None, max_rows = None, workload = None))]
+#[pyo3(signature = (*, collector = None, run_id = None, mode = None, sample_every = None, layers = None, max_rows = None, workload = None, overhead_budget = None))]
 #[allow(clippy::too_many_arguments)]
 fn init(
     py: Python<'_>,
@@ -451,14 +451,24 @@ fn init(
     layers: Option<String>,
     max_rows: Option<usize>,
     workload: Option<String>,
+    overhead_budget: Option<String>,
 ) -> PyResult<NativeAgent> {
     init_logging();
+    let overhead_budget = match overhead_budget {
+        Some(text) => Some(OverheadBudget::parse(&text).ok_or_else(|| {
+            ConfigError::new_err(format!(
+                "overhead_budget={text:?} is not a budget: give the agent's share of the process's CPU time as a percentage above 0 and at most 100, with the % sign, e.g. \"2%\" or \"0.5%\""
+            ))
+        })?),
+        None => None,
+    };
     let mut builder = AgentConfigBuilder {
         collector,
         run_id,
         sample_every,
         layer_filter: layers,
         max_rows,
+        overhead_budget,
         workload: Some(workload.unwrap_or_else(|| "python".into())),
         ..Default::default()
     };

@@ -28,7 +28,7 @@ def clean_env(monkeypatch, tmp_path):
         if var.startswith("RANKSCOPE_") or var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             monkeypatch.delenv(var)
     monkeypatch.setenv("RANKSCOPE_SPILL_DIR", str(tmp_path / "spill"))
-    monkeypatch.setenv("RANKSCOPE_WORKER_PRIORITY", "normal")
+    monkeypatch.setenv("RANKSCOPE_OVERHEAD_BUDGET", "100%")
 
 
 class Collector:

@@ -315,9 +315,10 @@ fn overhead(h: &mut String, report: &Report) -> anyhow::Result<()> {
     )?);
     let dropped: i64 = report.ranks.iter().map(|r| r.samples_dropped).sum();
     let rows: i64 = report.ranks.iter().map(|r| r.rows_dropped).sum();
+    let skipped: i64 = report.ranks.iter().map(|r| r.samples_skipped).sum();
     writeln!(
         h,
-        "<p class=\"meta\">activation samples dropped: {dropped} · rows dropped: {rows}</p></section>"
+        "<p class=\"meta\">activation samples skipped within the overhead budget: {skipped} · dropped: {dropped} · rows dropped: {rows}</p></section>"
     )?;
     Ok(())
 }

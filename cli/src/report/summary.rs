@@ -81,6 +81,8 @@ pub struct RankSummary {
     pub peak_rss_bytes: Option<u64>,
     pub peak_device_allocated_bytes: Option<u64>,
     pub samples_dropped: i64,
+    /// Planned samples the overhead budget had no room for.
+    pub samples_skipped: i64,
     pub rows_dropped: i64,
 }
 
@@ -209,18 +211,24 @@ fn rank_summaries(dataset: &Dataset, id: &str, data: &RunData) -> anyhow::Result
         select += &format!(", avg({c}) AS {phase}_mean, count({c}) AS {phase}_n");
     }
     select += &format!(" FROM steps WHERE run_id = {id} GROUP BY rank ORDER BY rank");
-    let mut drops: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+    let mut drops: BTreeMap<i64, (i64, i64, i64)> = BTreeMap::new();
     for b in &dataset.sql(&format!(
         "SELECT CAST(rank AS BIGINT) AS rank,
                 CAST(sum(CASE WHEN kind = 'samples_dropped' THEN value ELSE 0 END) AS BIGINT) AS samples,
-                CAST(sum(CASE WHEN kind = 'rows_dropped' THEN value ELSE 0 END) AS BIGINT) AS rows_dropped
+                CAST(sum(CASE WHEN kind = 'rows_dropped' THEN value ELSE 0 END) AS BIGINT) AS rows_dropped,
+                CAST(sum(CASE WHEN kind = 'samples_skipped' THEN value ELSE 0 END) AS BIGINT) AS skipped
          FROM events WHERE run_id = {id} GROUP BY rank"
     ))? {
         let (rank, s, r) = (ints(b, "rank")?, ints(b, "samples")?, ints(b, "rows_dropped")?);
+        let skipped = ints(b, "skipped")?;
         for i in 0..b.num_rows() {
             drops.insert(
                 rank[i].unwrap_or_default(),
-                (s[i].unwrap_or_default(), r[i].unwrap_or_default()),
+                (
+                    s[i].unwrap_or_default(),
+                    r[i].unwrap_or_default(),
+                    skipped[i].unwrap_or_default(),
+                ),
             );
         }
     }
@@ -261,7 +269,8 @@ fn rank_summaries(dataset: &Dataset, id: &str, data: &RunData) -> anyhow::Result
                     );
                 }
             }
-            let (samples_dropped, rows_dropped) = drops.get(&r).copied().unwrap_or_default();
+            let (samples_dropped, rows_dropped, samples_skipped) =
+                drops.get(&r).copied().unwrap_or_default();
             out.push(RankSummary {
                 rank: r as u32,
                 node_rank: info.map_or(0, |x| x.node_rank),
@@ -272,6 +281,7 @@ fn rank_summaries(dataset: &Dataset, id: &str, data: &RunData) -> anyhow::Result
                 peak_rss_bytes: rss[i].map(|v| v as u64),
                 peak_device_allocated_bytes: dev[i].map(|v| v as u64),
                 samples_dropped,
+                samples_skipped,
                 rows_dropped,
             });
         }

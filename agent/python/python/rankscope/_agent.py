@@ -31,6 +31,7 @@ def init(
     layers: Optional[Union[str, Iterable[str]]] = None,
     max_rows: Optional[int] = None,
     workload: Optional[str] = None,
+    overhead_budget: Optional[str] = None,
 ) -> Union["Agent", "InertAgent"]:
     """Starts the agent of this rank and returns its handle.
 
@@ -47,6 +48,9 @@ def init(
     - ``layers``: layer name patterns with ``*`` wildcards, as a comma-separated
       string or a list (default: all watched layers);
     - ``max_rows``: row cap of each activation matrix (default 4096);
+    - ``overhead_budget``: the agent's share of the process's CPU time, e.g.
+      ``"2%"``; planned samples it has no room for are skipped and counted
+      (``RANKSCOPE_OVERHEAD_BUDGET``, default ``2%``; ``100%`` takes them all);
     - ``workload``: a label for the ``runs`` table.
 
     Where this rank records nothing (``mode="off"``, or ``rank0`` on another rank)
@@ -70,6 +74,7 @@ def init(
         layers=layers,
         max_rows=max_rows,
         workload=workload,
+        overhead_budget=overhead_budget,
     )
     if not native.active:
         return InertAgent()
@@ -197,8 +202,10 @@ class Agent:
         """Records a row in the ``events`` table."""
         self._native.event(kind, message, value)
 
-    def samples(self) -> Tuple[int, int]:
-        """``(activations sampled, of which dropped)`` so far."""
+    def samples(self) -> Tuple[int, int, int]:
+        """``(activations sampled, of which dropped, planned but skipped)`` so
+        far. Skipped samples were not taken, to stay within the overhead budget
+        or because the metrics thread's queue was full."""
         return self._native.samples()
 
     def finish(self) -> Report:
@@ -295,8 +302,8 @@ class InertAgent:
     def event(self, kind: str, message: str, value: Optional[int] = None) -> None:
         pass
 
-    def samples(self) -> Tuple[int, int]:
-        return (0, 0)
+    def samples(self) -> Tuple[int, int, int]:
+        return (0, 0, 0)
 
     def wrap_comm_hook(self, hook: Callable) -> Callable:
         return hook

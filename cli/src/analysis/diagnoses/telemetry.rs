@@ -102,8 +102,8 @@ pub fn telemetry_loss(run: &RunData) -> Option<Diagnosis> {
     let mut parts = Vec::new();
     if samples > 0 {
         parts.push(format!(
-            "{samples} activation samples not measured on ranks {:?} (the metrics thread had no spare CPU \
-             time; see RANKSCOPE_WORKER_PRIORITY)",
+            "{samples} activation samples taken but not measured on ranks {:?} (libtorch could not \
+             prepare them, or the metrics thread had not measured them when the agent finished)",
             evidence.samples_dropped.keys().collect::<Vec<_>>()
         ));
     }
