@@ -165,11 +165,11 @@ pub fn heatmap(
         }
         // The colour scale, on the right.
         let scale = root.margin(40, 40, (WIDE.0 - 70) as i32, 8);
-        let n = 20;
-        for i in 0..n {
-            let h = i as f64 / (n - 1) as f64;
-            let band = (scale.dim_in_pixel().1 as i32 - 20) / n as i32;
-            let y = 10 + band * (n - 1 - i) as i32;
+        let bands: i32 = 20;
+        for i in 0..bands {
+            let h = f64::from(i) / f64::from(bands - 1);
+            let band = (scale.dim_in_pixel().1 as i32 - 20) / bands;
+            let y = 10 + band * (bands - 1 - i);
             scale
                 .draw(&Rectangle::new(
                     [(0, y), (14, y + band)],
