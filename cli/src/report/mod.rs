@@ -55,7 +55,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report)?;
         if path.as_os_str() == "-" {
-            println!("{json}");
+            use std::io::Write;
+            // A closed pipe (`| head`) ends the output, not the program.
+            match writeln!(std::io::stdout().lock(), "{json}") {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+                _ => {}
+            }
         } else {
             write(path, &json)?;
             eprintln!("JSON summary: {}", path.display());
