@@ -247,8 +247,8 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
     Comparison {
         schema: SCHEMA,
         schema_version: SCHEMA_VERSION,
-        run_a: a.run.run_id.clone(),
-        run_b: b.run.run_id.clone(),
+        run_a: a.run.info.run_id.clone(),
+        run_b: b.run.info.run_id.clone(),
         diagnoses_a: kinds(a),
         diagnoses_b: kinds(b),
         rows,

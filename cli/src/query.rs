@@ -32,7 +32,7 @@ pub struct Dataset {
 
 /// A run of the output directory, from its `runs` row or, while rank 0 has not
 /// been seen, from its other tables.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunInfo {
     pub run_id: String,
     pub world_size: Option<u64>,

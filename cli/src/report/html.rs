@@ -52,17 +52,20 @@ pub fn page(report: &Report, data: &RunData) -> anyhow::Result<String> {
         h,
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <title>rankscope report: {}</title><style>{STYLE}</style></head><body>",
-        escape(&run.run_id)
+        escape(&run.info.run_id)
     )?;
     writeln!(
         h,
         "<header><h1>rankscope report</h1><p class=\"meta\">run <b>{}</b> · {} ranks seen, {} finished{} · mode {} · {}last step {}</p></header>",
-        escape(&run.run_id),
+        escape(&run.info.run_id),
         run.ranks_seen,
         run.ranks_finished,
-        run.world_size.map_or(String::new(), |w| format!(" of {w}")),
-        escape(run.mode.as_deref().unwrap_or("?")),
-        run.workload
+        run.info
+            .world_size
+            .map_or(String::new(), |w| format!(" of {w}")),
+        escape(run.info.mode.as_deref().unwrap_or("?")),
+        run.info
+            .workload
             .as_deref()
             .map_or(String::new(), |w| format!("workload {} · ", escape(w))),
         run.last_step.map_or("-".into(), |s| s.to_string()),

@@ -49,7 +49,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (report, data) = build(&dataset, args.run.as_deref())?;
     let html_path = match (&args.html, &args.json) {
         (Some(p), _) => Some(p.clone()),
-        (None, None) => Some(default_path(&args.out, &report.run.run_id)),
+        (None, None) => Some(default_path(&args.out, &report.run.info.run_id)),
         (None, Some(_)) => None,
     };
     if let Some(path) = &args.json {

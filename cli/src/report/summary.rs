@@ -43,12 +43,9 @@ pub struct Report {
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Run {
-    pub run_id: String,
-    pub world_size: Option<u64>,
-    pub mode: Option<String>,
-    pub sample_every: Option<u64>,
-    pub workload: Option<String>,
-    pub started_at: Option<String>,
+    /// The run's configuration (its `runs` row), as the query layer reads it.
+    #[serde(flatten)]
+    pub info: RunInfo,
     /// Ranks with at least one `steps` row.
     pub ranks_seen: usize,
     /// Ranks with a `ranks` row whose `finished_at` is set; fewer than
@@ -177,12 +174,7 @@ pub fn build(dataset: &Dataset, info: &RunInfo, data: &RunData) -> anyhow::Resul
         schema: SCHEMA.into(),
         schema_version: SCHEMA_VERSION,
         run: Run {
-            run_id: info.run_id.clone(),
-            world_size: info.world_size,
-            mode: info.mode.clone(),
-            sample_every: info.sample_every,
-            workload: info.workload.clone(),
-            started_at: info.started_at.clone(),
+            info: info.clone(),
             ranks_seen: ranks.len(),
             ranks_finished,
             last_step,
