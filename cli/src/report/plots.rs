@@ -21,6 +21,20 @@ fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("cannot draw a chart: {e}")
 }
 
+/// The series' legend, in the upper right corner of every chart that has one.
+fn legend<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 11))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(err)
+}
+
 /// The range of `values` with a margin, never empty.
 fn range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = values
@@ -96,14 +110,7 @@ pub fn lines(
             }
         }
         if series.len() > 1 && series.len() <= 16 {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK.mix(0.3))
-                .label_font(("sans-serif", 11))
-                .position(SeriesLabelPosition::UpperRight)
-                .draw()
-                .map_err(err)?;
+            legend(&mut chart)?;
         }
         root.present().map_err(err)?;
     }
@@ -256,14 +263,7 @@ pub fn stacked_bars(
                 .label(name.clone())
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .label_font(("sans-serif", 11))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart)?;
         root.present().map_err(err)?;
     }
     Ok(svg)
