@@ -108,6 +108,26 @@ pub fn tool(name: &str) -> PathBuf {
     }
 }
 
+/// `program ARGS... INNER_PROGRAM INNER_ARGS...` with `inner`'s environment and
+/// working directory: `inner` run under a wrapper (`rankscope launch`, `ip netns
+/// exec`).
+pub fn wrapped(program: impl AsRef<std::ffi::OsStr>, args: &[&str], inner: &Command) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(value) => cmd.env(key, value),
+            None => cmd.env_remove(key),
+        };
+    }
+    if let Some(dir) = inner.get_current_dir() {
+        cmd.current_dir(dir);
+    }
+    cmd
+}
+
 /// A collector process on 127.0.0.1 with a port of its own.
 pub struct CollectorProc {
     pub addr: String,

@@ -152,20 +152,7 @@ impl Star {
     /// namespace `netns` by `ip netns exec`, which execs it: the child's pid is
     /// the program's own, so signals reach it directly.
     pub fn exec_in(netns: &str, inner: &Command) -> Command {
-        let mut cmd = Command::new(ip());
-        cmd.args(["netns", "exec", netns])
-            .arg(inner.get_program())
-            .args(inner.get_args());
-        for (key, value) in inner.get_envs() {
-            match value {
-                Some(value) => cmd.env(key, value),
-                None => cmd.env_remove(key),
-            };
-        }
-        if let Some(dir) = inner.get_current_dir() {
-            cmd.current_dir(dir);
-        }
-        cmd
+        crate::wrapped(ip(), &["netns", "exec", netns], inner)
     }
 
     /// Takes node `i`'s end of its link down: nothing passes until [`Star::restore`].

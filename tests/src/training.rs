@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{bin, count, count_by_rank, duckdb, spill_dir, table, tool, workspace};
+use crate::{bin, count, count_by_rank, duckdb, spill_dir, table, tool, workspace, wrapped};
 
 /// Layer rows are sampled every this many steps by [`train`].
 pub const SAMPLE_EVERY: u64 = 10;
@@ -33,18 +33,11 @@ pub fn train(collector: &str, run_id: &str, steps: u64, spill: &Path, finish: &s
 /// `rankscope launch --nproc-per-node RANKS LAUNCH_ARGS... -- INNER`: `ranks`
 /// local ranks of `inner` (its program, arguments and environment).
 pub fn launch(ranks: u32, launch_args: &[&str], inner: &Command) -> Command {
-    let mut cmd = Command::new(bin("rankscope"));
-    cmd.args(["launch", "--nproc-per-node", &ranks.to_string()])
-        .args(launch_args)
-        .arg("--")
-        .arg(inner.get_program())
-        .args(inner.get_args());
-    for (key, value) in inner.get_envs() {
-        match value {
-            Some(value) => cmd.env(key, value),
-            None => cmd.env_remove(key),
-        };
-    }
+    let ranks = ranks.to_string();
+    let mut args = vec!["launch", "--nproc-per-node", &ranks];
+    args.extend_from_slice(launch_args);
+    args.push("--");
+    let mut cmd = wrapped(bin("rankscope"), &args, inner);
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd
 }
