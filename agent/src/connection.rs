@@ -69,7 +69,7 @@ impl TransportConfig {
         TransportConfig {
             collector: collector.into(),
             queue_rows: crate::config::DEFAULT_QUEUE_ROWS,
-            batch_rows: 4096,
+            batch_rows: 1024,
             batch_interval: Duration::from_millis(500),
             outbox_bytes: 64 * 1024 * 1024,
             spill_dir: None,

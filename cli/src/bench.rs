@@ -40,8 +40,13 @@ use crate::workloads::{self, Workload};
   rankscope bench
   rankscope bench --model transformer --rounds 9 --steps-per-round 60
   rankscope bench --threads 16,15 --overhead-budget 1%
-  rankscope bench --spectrum --rows 2048 --cols 4096")]
+  rankscope bench --spectrum --rows 2048 --cols 4096
+  rankscope bench collector   # the collector: rows per CPU second, peak RSS, bytes per row")]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// Another benchmark in place of the agent's overhead.
+    #[command(subcommand)]
+    pub what: Option<Other>,
     #[arg(long, value_enum, default_value_t = Workload::Transformer)]
     pub model: Workload,
     /// Interleaved rounds per configuration.
@@ -74,6 +79,13 @@ pub struct Args {
     /// Columns of the --spectrum matrices.
     #[arg(long, default_value_t = 4096)]
     pub cols: i64,
+}
+
+/// Benchmarks other than the agent's overhead.
+#[derive(clap::Subcommand, Clone, Debug)]
+pub enum Other {
+    /// The collector's throughput per CPU second, peak RSS and bytes per row.
+    Collector(crate::bench_collector::Args),
 }
 
 fn parse_budget(text: &str) -> Result<OverheadBudget, String> {
@@ -113,6 +125,9 @@ const SETUPS: [Setup; 4] = [
 ];
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(Other::Collector(collector)) = args.what {
+        return crate::bench_collector::run(collector);
+    }
     if args.spectrum {
         return spectrum(&args);
     }

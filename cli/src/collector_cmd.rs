@@ -48,6 +48,10 @@ pub struct Args {
     /// Largest message accepted, in bytes.
     #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
+    /// Bound on the memory of rows held (buffered, being committed, being
+    /// admitted), in bytes; past it streams wait.
+    #[arg(long, default_value_t = CollectorConfig::DEFAULT_MAX_PENDING_BYTES)]
+    pub max_pending_bytes: usize,
     /// How long a disconnected rank may stay away before it is recorded as vanished.
     #[arg(long, default_value_t = duration::Arg(CollectorConfig::DEFAULT_RANK_GRACE), value_parser = duration::parse_arg)]
     pub rank_grace: duration::Arg,
@@ -86,6 +90,7 @@ impl Args {
         config.max_file_rows = self.max_file_rows.max(1);
         config.max_streams = self.max_streams;
         config.max_message_bytes = self.max_message_bytes;
+        config.max_pending_bytes = self.max_pending_bytes;
         config.rank_grace = self.rank_grace.0;
         config.min_free_bytes = self.min_free_bytes;
         if let Some(path) = &self.token_file {

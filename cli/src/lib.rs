@@ -16,7 +16,8 @@
 //! - `demo`: `rankscope demo`, the README's `make demo`;
 //! - `spectrum` and `npy`: `rankscope spectrum`, metrics of a saved `.npy` matrix;
 //! - `jumps_cmd`: `rankscope jumps`, change points in one series;
-//! - `bench`: `rankscope bench`, the agent's overhead for BENCHMARKS.md;
+//! - `bench`: `rankscope bench`, the agent's overhead for BENCHMARKS.md, and
+//!   `bench_collector`: `rankscope bench collector`, the collector's throughput;
 //! - `duration`: the `10s` / `500ms` argument parser;
 //! - [`analysis`]: the jump detector and the run diagnoses, as pure functions over
 //!   plain structs (no file formats, no query engine), for `jumps` and for anything
@@ -25,6 +26,8 @@
 pub mod analysis;
 #[cfg(feature = "torch")]
 mod bench;
+#[cfg(feature = "torch")]
+mod bench_collector;
 mod collector_cmd;
 mod compare;
 #[cfg(feature = "torch")]

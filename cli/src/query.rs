@@ -291,7 +291,7 @@ impl Dataset {
 
 /// The Arrow schema the collector writes for `table`.
 fn schema(table: Table) -> anyhow::Result<SchemaRef> {
-    Ok(Rows::empty(table).to_record_batch("schema")?.schema())
+    Ok(Rows::schema(table))
 }
 
 /// Whether `dir` holds a committed Parquet file at any depth.

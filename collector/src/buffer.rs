@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use prost::Message;
+use arrow::array::RecordBatch;
 use rankscope_proto::v1::Batch;
 
 use crate::table::{Rows, Table};
@@ -14,10 +14,33 @@ use crate::table::{Rows, Table};
 /// The key of a rank's stream of batches.
 pub type RankKey = (String, u32);
 
+/// The rows of one (table, run), as Arrow record batches: one file at the next
+/// commit.
+#[derive(Debug, Default)]
+pub struct Group {
+    batches: Vec<RecordBatch>,
+    rows: usize,
+}
+
+impl Group {
+    /// The record batches, in arrival order.
+    pub fn batches(&self) -> &[RecordBatch] {
+        &self.batches
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
 /// Rows waiting for the next commit.
+///
+/// Rows are converted to Arrow as they are admitted, a batch at a time: the
+/// buffer then holds compact columns (no per-row allocations), its byte count is
+/// the Arrow buffers' own size, and a commit only encodes them.
 #[derive(Debug, Default)]
 pub struct Pending {
-    tables: BTreeMap<(Table, String), Rows>,
+    tables: BTreeMap<(Table, String), Group>,
     watermarks: HashMap<RankKey, u64>,
     rows: usize,
     bytes: usize,
@@ -29,34 +52,37 @@ impl Pending {
     /// Adds every row of `batch`, sent by `rank` of `run_id`.
     pub fn push_batch(&mut self, run_id: &str, rank: u32, batch: Batch) {
         let seq = batch.seq;
-        self.bytes += batch.encoded_len();
         self.since.get_or_insert_with(Instant::now);
         let wm = self
             .watermarks
             .entry((run_id.to_string(), rank))
             .or_default();
         *wm = (*wm).max(seq);
-        for rows in Rows::split(batch, rank, seq) {
-            self.bytes += rows.fixed_bytes();
-            self.extend_rows(run_id, rows);
+        for rows in Rows::split(batch) {
+            self.push_rows(run_id, rank, seq, rows);
         }
     }
 
-    /// Appends rows the collector writes itself (seq 0, no watermark).
-    pub fn extend_rows(&mut self, run_id: &str, rows: Rows) {
+    /// Appends rows of `rank` from batch `seq`; the collector's own rows have
+    /// seq 0 (and no watermark).
+    pub fn push_rows(&mut self, run_id: &str, rank: u32, seq: u64, rows: Rows) {
         if rows.is_empty() {
             return;
         }
+        let batch = rows
+            .to_record_batch(run_id, rank, seq)
+            .expect("a table's columns are built together, of one length");
+        self.push_record_batch(rows.table(), run_id, batch);
+    }
+
+    fn push_record_batch(&mut self, table: Table, run_id: &str, batch: RecordBatch) {
         self.since.get_or_insert_with(Instant::now);
-        self.rows += rows.len();
-        let table = rows.table();
-        let slot = self
-            .tables
-            .entry((table, run_id.to_string()))
-            .or_insert_with(|| Rows::empty(table));
-        let same_table = slot.extend(rows);
-        debug_assert!(same_table.is_ok(), "the slot is keyed by the rows' table");
-        self.largest_file_rows = self.largest_file_rows.max(slot.len());
+        self.rows += batch.num_rows();
+        self.bytes += batch.get_array_memory_size();
+        let group = self.tables.entry((table, run_id.to_string())).or_default();
+        group.rows += batch.num_rows();
+        group.batches.push(batch);
+        self.largest_file_rows = self.largest_file_rows.max(group.rows);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -68,9 +94,7 @@ impl Pending {
         self.rows
     }
 
-    /// Estimated memory of the rows held, in bytes: each row's fixed size plus
-    /// the batch's encoded size (which bounds its strings). The encoded size alone
-    /// would not do: an empty row is 2 bytes on the wire and about 240 in memory.
+    /// Memory of the rows held, in bytes (their Arrow buffers).
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -92,10 +116,10 @@ impl Pending {
     }
 
     /// The (table, run) groups to write, one file each.
-    pub fn groups(&self) -> impl Iterator<Item = (Table, &str, &Rows)> {
+    pub fn groups(&self) -> impl Iterator<Item = (Table, &str, &Group)> {
         self.tables
             .iter()
-            .map(|((table, run), rows)| (*table, run.as_str(), rows))
+            .map(|((table, run), group)| (*table, run.as_str(), group))
     }
 
     /// The per-(run, rank) watermarks that committing this buffer makes durable.
@@ -106,9 +130,10 @@ impl Pending {
     /// Puts back a taken buffer whose commit failed, ahead of what arrived since.
     pub fn restore(&mut self, mut earlier: Pending) {
         let later = self.take();
-        earlier.bytes += later.bytes;
-        for ((_, run), rows) in later.tables {
-            earlier.extend_rows(&run, rows);
+        for ((table, run), group) in later.tables {
+            for batch in group.batches {
+                earlier.push_record_batch(table, &run, batch);
+            }
         }
         for (key, seq) in later.watermarks {
             let wm = earlier.watermarks.entry(key).or_default();

@@ -119,6 +119,9 @@ async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &Commit
     let ok = match result {
         Ok((pending, Ok(summary))) => {
             intake.mark_durable(pending.watermarks());
+            drop(pending);
+            intake.committed_pending();
+            release_freed_memory();
             counters.commits.fetch_add(1, Ordering::Relaxed);
             counters.duration.observe(started.elapsed().as_secs_f64());
             counters
@@ -137,6 +140,8 @@ async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &Commit
             false
         }
         Err(join) => {
+            // The rows went with the panicked task.
+            intake.committed_pending();
             counters.failures.fetch_add(1, Ordering::Relaxed);
             tracing::error!(error = %join, "commit task panicked");
             false
@@ -144,4 +149,16 @@ async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &Commit
     };
     intake.committed.notify_waiters();
     ok
+}
+
+/// Hands the memory freed by a commit back to the kernel. glibc's allocator keeps
+/// freed memory in its arenas; after the rows of a commit are freed that is tens
+/// to hundreds of MiB, which the process's RSS would go on counting (measured
+/// under `rankscope bench collector`: 327 MiB resident with an empty buffer).
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages of the allocator's arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }

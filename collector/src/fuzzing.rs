@@ -119,16 +119,14 @@ fn check_batch(b: Batch) -> Outcome {
     assert_eq!(pending.rows(), rows, "every row of the batch is buffered");
     let mut files = 0;
     let mut encoded_rows = 0;
-    for (table, run_id, group) in pending.groups() {
-        let record_batch = group
-            .to_record_batch(run_id)
-            .unwrap_or_else(|e| panic!("{} rows do not convert: {e}", table.name()));
-        assert_eq!(record_batch.num_rows(), group.len());
-        let parquet = store::encode_parquet(Vec::new(), group, run_id, ROW_GROUP_ROWS)
+    for (table, _run_id, group) in pending.groups() {
+        let converted: usize = group.batches().iter().map(|b| b.num_rows()).sum();
+        assert_eq!(converted, group.rows());
+        let parquet = store::encode_parquet(Vec::new(), table, group.batches(), ROW_GROUP_ROWS)
             .unwrap_or_else(|e| panic!("{} rows do not encode: {e}", table.name()));
         assert!(parquet.starts_with(b"PAR1") && parquet.ends_with(b"PAR1"));
         files += 1;
-        encoded_rows += group.len();
+        encoded_rows += group.rows();
     }
     assert_eq!(encoded_rows, rows, "every row reaches a file");
     Outcome::Batch { rows, files }
@@ -287,12 +285,8 @@ mod tests {
         bytes.extend_from_slice(&row);
         let decoded = Batch::decode(&bytes[..]).unwrap();
         assert!(decoded.steps[0].step_ms.is_sign_negative());
-        let rows = crate::table::Rows::Steps(vec![crate::table::Stamped {
-            rank: 0,
-            seq: 1,
-            row: decoded.steps[0],
-        }]);
-        let record_batch = rows.to_record_batch(RUN_ID).unwrap();
+        let rows = crate::table::Rows::Steps(vec![decoded.steps[0]]);
+        let record_batch = rows.to_record_batch(RUN_ID, 0, 1).unwrap();
         let step_ms = record_batch
             .column_by_name("step_ms")
             .unwrap()

@@ -12,7 +12,7 @@ use rankscope_proto::v1::{Batch, Hello, RankRow};
 use tokio::sync::{Notify, watch};
 
 use crate::buffer::{Pending, RankKey};
-use crate::table::{Rows, Stamped};
+use crate::table::Rows;
 
 /// How far past the highest accepted `seq` a batch may jump before it is refused
 /// as absurd.
@@ -65,6 +65,9 @@ impl RankState {
 struct Inner {
     ranks: HashMap<RankKey, RankState>,
     pending: Pending,
+    /// Bytes of the rows taken by the commit in progress: they stay in memory
+    /// until it ends, so they count against the bound too.
+    committing: usize,
 }
 
 /// Shared between every stream and the committer.
@@ -89,6 +92,7 @@ impl Intake {
             inner: Mutex::new(Inner {
                 ranks,
                 pending: Pending::default(),
+                committing: 0,
             }),
             max_pending_bytes,
             committed: Notify::new(),
@@ -141,7 +145,7 @@ impl Intake {
                 accepted,
             });
         }
-        if inner.pending.bytes() >= self.max_pending_bytes {
+        if inner.pending.bytes() + inner.committing >= self.max_pending_bytes {
             return Ok(Admission::Full(batch));
         }
         let seq = batch.seq;
@@ -154,14 +158,25 @@ impl Intake {
         Ok(Admission::Accepted)
     }
 
-    /// Takes the buffered rows for a commit.
+    /// Takes the buffered rows for a commit; their bytes count against the bound
+    /// until [`Intake::committed_pending`] or [`Intake::restore_pending`].
     pub fn take_pending(&self) -> Pending {
-        self.lock().pending.take()
+        let mut inner = self.lock();
+        let taken = inner.pending.take();
+        inner.committing = taken.bytes();
+        taken
+    }
+
+    /// The taken rows are written (and about to be freed).
+    pub fn committed_pending(&self) {
+        self.lock().committing = 0;
     }
 
     /// Puts back rows whose commit failed.
     pub fn restore_pending(&self, pending: Pending) {
-        self.lock().pending.restore(pending);
+        let mut inner = self.lock();
+        inner.committing = 0;
+        inner.pending.restore(pending);
     }
 
     /// (bytes, largest file rows, age) of the buffer.
@@ -193,7 +208,7 @@ impl Intake {
     /// ended without a final batch more than `grace` ago; returns how many.
     pub fn record_vanished(&self, grace: Duration) -> usize {
         let mut inner = self.lock();
-        let mut rows: Vec<(String, Stamped<RankRow>)> = Vec::new();
+        let mut rows: Vec<(String, u32, RankRow)> = Vec::new();
         for ((run_id, rank), state) in inner.ranks.iter_mut() {
             let gone = state.gone_since.is_some_and(|t| t.elapsed() >= grace);
             if !gone || state.finished || state.live_streams > 0 {
@@ -203,19 +218,14 @@ impl Intake {
             if let Some(h) = state.hello.take() {
                 tracing::warn!(run_id, rank, "rank vanished without finishing");
                 let row = RankRow::from_hello(&h, None);
-                rows.push((
-                    run_id.clone(),
-                    Stamped {
-                        rank: *rank,
-                        seq: 0,
-                        row,
-                    },
-                ));
+                rows.push((run_id.clone(), *rank, row));
             }
         }
         let n = rows.len();
-        for (run_id, row) in rows {
-            inner.pending.extend_rows(&run_id, Rows::Ranks(vec![row]));
+        for (run_id, rank, row) in rows {
+            inner
+                .pending
+                .push_rows(&run_id, rank, 0, Rows::Ranks(vec![row]));
         }
         n
     }
@@ -265,7 +275,10 @@ mod tests {
         b.steps.push(Default::default());
         assert_eq!(intake.admit(&key, b), Ok(Admission::Accepted));
         assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Full(batch(2))));
+        // The rows of a commit in progress still count against the bound.
         intake.take_pending();
+        assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Full(batch(2))));
+        intake.committed_pending();
         assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Accepted));
     }
 

@@ -148,6 +148,9 @@ pub async fn serve(
     serve_with_http(listener, None, config, shutdown).await
 }
 
+/// Flow-control window of each HTTP/2 stream and connection, in bytes.
+pub const HTTP2_WINDOW_BYTES: u32 = 65_535;
+
 /// [`serve`], plus the ops endpoints (`/metrics`, `/healthz`, `/readyz`) on
 /// `http` when given. They answer through the drain (`/readyz` then says 503)
 /// and stop once the gRPC server has stopped.
@@ -157,7 +160,12 @@ pub async fn serve_with_http(
     config: CollectorConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<ServeSummary, CollectorError> {
-    let mut builder = tonic::transport::Server::builder();
+    // Each connection (one rank's stream) buffers at most one HTTP/2 window of
+    // data the collector has not read yet: the protocol's default of 64 KiB,
+    // instead of hyper's 1 MiB, so 1,024 waiting ranks hold 64 MiB, not 1 GiB.
+    let mut builder = tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(HTTP2_WINDOW_BYTES))
+        .initial_connection_window_size(Some(HTTP2_WINDOW_BYTES));
     if let Some(tls) = &config.tls {
         builder = builder
             .tls_config(tls.config())

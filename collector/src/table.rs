@@ -14,7 +14,7 @@ use arrow::array::{
     ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
     TimestampMicrosecondArray, UInt32Array, UInt64Array,
 };
-use arrow::datatypes::{Field, Schema};
+use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use rankscope_proto::v1::{
     Batch, EventRow, LayerRow, ModelRow, RankRow, RecordingMode, RunRow, StepRow,
@@ -22,23 +22,16 @@ use rankscope_proto::v1::{
 
 pub use rankscope_proto::Table;
 
-/// A row with the origin the collector stamps on it.
-#[derive(Debug, Clone)]
-pub struct Stamped<R> {
-    pub rank: u32,
-    pub seq: u64,
-    pub row: R,
-}
-
-/// Buffered rows of one table of one run.
+/// Buffered rows of one table of one run, all from one batch (so of one rank
+/// and one `seq`).
 #[derive(Debug, Clone)]
 pub enum Rows {
-    Runs(Vec<Stamped<RunRow>>),
-    Ranks(Vec<Stamped<RankRow>>),
-    Steps(Vec<Stamped<StepRow>>),
-    Layers(Vec<Stamped<LayerRow>>),
-    Model(Vec<Stamped<ModelRow>>),
-    Events(Vec<Stamped<EventRow>>),
+    Runs(Vec<RunRow>),
+    Ranks(Vec<RankRow>),
+    Steps(Vec<StepRow>),
+    Layers(Vec<LayerRow>),
+    Model(Vec<ModelRow>),
+    Events(Vec<EventRow>),
 }
 
 /// Runs `$body` on the vector of rows whatever its table: the one place that
@@ -68,14 +61,9 @@ impl Rows {
         }
     }
 
-    /// The rows of every table of `batch`, stamped with their origin; tables the
-    /// batch has no rows for are left out.
-    pub fn split(batch: Batch, rank: u32, seq: u64) -> impl Iterator<Item = Rows> {
-        fn stamp<R>(rank: u32, seq: u64, rows: Vec<R>) -> Vec<Stamped<R>> {
-            rows.into_iter()
-                .map(|row| Stamped { rank, seq, row })
-                .collect()
-        }
+    /// The rows of every table of `batch`; tables the batch has no rows for are
+    /// left out.
+    pub fn split(batch: Batch) -> impl Iterator<Item = Rows> {
         let Batch {
             runs,
             ranks,
@@ -86,12 +74,12 @@ impl Rows {
             ..
         } = batch;
         [
-            Rows::Runs(stamp(rank, seq, runs)),
-            Rows::Ranks(stamp(rank, seq, ranks)),
-            Rows::Steps(stamp(rank, seq, steps)),
-            Rows::Layers(stamp(rank, seq, layers)),
-            Rows::Model(stamp(rank, seq, model)),
-            Rows::Events(stamp(rank, seq, events)),
+            Rows::Runs(runs),
+            Rows::Ranks(ranks),
+            Rows::Steps(steps),
+            Rows::Layers(layers),
+            Rows::Model(model),
+            Rows::Events(events),
         ]
         .into_iter()
         .filter(|rows| !rows.is_empty())
@@ -117,35 +105,26 @@ impl Rows {
         self.len() == 0
     }
 
-    /// The fixed in-memory size of the rows (strings not included).
-    pub fn fixed_bytes(&self) -> usize {
-        fn size<T>(v: &[T]) -> usize {
-            std::mem::size_of_val(v)
-        }
-        each_table!(self, v => size(v))
+    /// The Arrow schema of `table`'s files.
+    pub fn schema(table: Table) -> SchemaRef {
+        Rows::empty(table)
+            .to_record_batch("", 0, 0)
+            .expect("no rows convert")
+            .schema()
     }
 
-    /// Appends `other`, which must hold rows of the same table; rows of another
-    /// table are given back.
-    pub fn extend(&mut self, other: Rows) -> Result<(), Rows> {
-        match (self, other) {
-            (Rows::Runs(a), Rows::Runs(b)) => a.extend(b),
-            (Rows::Ranks(a), Rows::Ranks(b)) => a.extend(b),
-            (Rows::Steps(a), Rows::Steps(b)) => a.extend(b),
-            (Rows::Layers(a), Rows::Layers(b)) => a.extend(b),
-            (Rows::Model(a), Rows::Model(b)) => a.extend(b),
-            (Rows::Events(a), Rows::Events(b)) => a.extend(b),
-            (_, other) => return Err(other),
-        }
-        Ok(())
-    }
-
-    /// Converts the rows to one record batch of `run_id`'s table.
-    pub fn to_record_batch(&self, run_id: &str) -> Result<RecordBatch, ArrowError> {
+    /// Converts the rows, sent by `rank` in batch `seq` (0: written by the
+    /// collector itself), to one record batch of `run_id`'s table.
+    pub fn to_record_batch(
+        &self,
+        run_id: &str,
+        rank: u32,
+        seq: u64,
+    ) -> Result<RecordBatch, ArrowError> {
         let mut cols = Columns::default();
         match self {
             Rows::Runs(rows) => {
-                cols.head(run_id, rows);
+                cols.head(run_id, rank, seq, rows.len());
                 cols.time("started_at", rows, |r| Some(r.started_at));
                 cols.u32("world_size", rows, |r| Some(r.world_size));
                 cols.str("mode", rows, |r| mode_label(r.mode));
@@ -157,7 +136,7 @@ impl Rows {
                 cols.str("workload", rows, |r| &r.workload);
             }
             Rows::Ranks(rows) => {
-                cols.head(run_id, rows);
+                cols.head(run_id, rank, seq, rows.len());
                 cols.u32("local_rank", rows, |r| Some(r.local_rank));
                 cols.u32("node_rank", rows, |r| Some(r.node_rank));
                 cols.u32("world_size", rows, |r| Some(r.world_size));
@@ -168,7 +147,7 @@ impl Rows {
                 cols.time("finished_at", rows, |r| r.finished_at);
             }
             Rows::Steps(rows) => {
-                cols.head(run_id, rows);
+                cols.head(run_id, rank, seq, rows.len());
                 cols.u64("step", rows, |r| Some(r.step));
                 cols.time("time", rows, |r| Some(r.time));
                 cols.f64("step_ms", rows, |r| Some(r.step_ms));
@@ -188,7 +167,7 @@ impl Rows {
                 cols.u64("device_peak_bytes", rows, |r| r.device_peak_bytes);
             }
             Rows::Layers(rows) => {
-                cols.head(run_id, rows);
+                cols.head(run_id, rank, seq, rows.len());
                 cols.u64("step", rows, |r| Some(r.step));
                 cols.time("time", rows, |r| Some(r.time));
                 cols.str("layer", rows, |r| &r.layer);
@@ -210,7 +189,7 @@ impl Rows {
                 cols.f64("compute_ms", rows, |r| Some(r.compute_ms));
             }
             Rows::Model(rows) => {
-                cols.head(run_id, rows);
+                cols.head(run_id, rank, seq, rows.len());
                 cols.str("layer", rows, |r| &r.layer);
                 cols.str("kind", rows, |r| &r.kind);
                 cols.u64("params", rows, |r| Some(r.params));
@@ -221,7 +200,7 @@ impl Rows {
                 cols.str("output_shape", rows, |r| &r.output_shape);
             }
             Rows::Events(rows) => {
-                cols.head(run_id, rows);
+                cols.head(run_id, rank, seq, rows.len());
                 cols.time("time", rows, |r| Some(r.time));
                 cols.str("kind", rows, |r| &r.kind);
                 cols.str("message", rows, |r| &r.message);
@@ -252,48 +231,46 @@ impl Columns {
         self.arrays.push(array);
     }
 
-    fn head<R>(&mut self, run_id: &str, rows: &[Stamped<R>]) {
-        let run: StringArray = rows.iter().map(|_| Some(run_id)).collect();
+    fn head(&mut self, run_id: &str, rank: u32, seq: u64, n: usize) {
+        let run: StringArray = std::iter::repeat_n(Some(run_id), n).collect();
         self.push("run_id", Arc::new(run), false);
-        let rank: UInt32Array = rows.iter().map(|r| Some(r.rank)).collect();
-        self.push("rank", Arc::new(rank), false);
-        let seq: UInt64Array = rows.iter().map(|r| Some(r.seq)).collect();
-        self.push("seq", Arc::new(seq), false);
+        self.push("rank", Arc::new(UInt32Array::from(vec![rank; n])), false);
+        self.push("seq", Arc::new(UInt64Array::from(vec![seq; n])), false);
     }
 
-    fn f64<R>(&mut self, name: &str, rows: &[Stamped<R>], f: impl Fn(&R) -> Option<f64>) {
-        let a: Float64Array = rows.iter().map(|r| f(&r.row)).collect();
+    fn f64<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> Option<f64>) {
+        let a: Float64Array = rows.iter().map(&f).collect();
         self.push(name, Arc::new(a), true);
     }
 
-    fn u64<R>(&mut self, name: &str, rows: &[Stamped<R>], f: impl Fn(&R) -> Option<u64>) {
-        let a: UInt64Array = rows.iter().map(|r| f(&r.row)).collect();
+    fn u64<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> Option<u64>) {
+        let a: UInt64Array = rows.iter().map(&f).collect();
         self.push(name, Arc::new(a), true);
     }
 
-    fn i64<R>(&mut self, name: &str, rows: &[Stamped<R>], f: impl Fn(&R) -> Option<i64>) {
-        let a: Int64Array = rows.iter().map(|r| f(&r.row)).collect();
+    fn i64<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> Option<i64>) {
+        let a: Int64Array = rows.iter().map(&f).collect();
         self.push(name, Arc::new(a), true);
     }
 
-    fn u32<R>(&mut self, name: &str, rows: &[Stamped<R>], f: impl Fn(&R) -> Option<u32>) {
-        let a: UInt32Array = rows.iter().map(|r| f(&r.row)).collect();
+    fn u32<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> Option<u32>) {
+        let a: UInt32Array = rows.iter().map(&f).collect();
         self.push(name, Arc::new(a), true);
     }
 
-    fn bool<R>(&mut self, name: &str, rows: &[Stamped<R>], f: impl Fn(&R) -> bool) {
-        let a: BooleanArray = rows.iter().map(|r| Some(f(&r.row))).collect();
+    fn bool<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> bool) {
+        let a: BooleanArray = rows.iter().map(|r| Some(f(r))).collect();
         self.push(name, Arc::new(a), false);
     }
 
-    fn str<R>(&mut self, name: &str, rows: &[Stamped<R>], f: impl Fn(&R) -> &str) {
-        let a: StringArray = rows.iter().map(|r| Some(f(&r.row))).collect();
+    fn str<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> &str) {
+        let a: StringArray = rows.iter().map(|r| Some(f(r))).collect();
         self.push(name, Arc::new(a), false);
     }
 
     /// Microseconds since the Unix epoch, as a UTC timestamp column.
-    fn time<R>(&mut self, name: &str, rows: &[Stamped<R>], f: impl Fn(&R) -> Option<i64>) {
-        let a: TimestampMicrosecondArray = rows.iter().map(|r| f(&r.row)).collect();
+    fn time<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> Option<i64>) {
+        let a: TimestampMicrosecondArray = rows.iter().map(&f).collect();
         self.push(name, Arc::new(a.with_timezone("UTC")), true);
     }
 
@@ -330,7 +307,7 @@ mod tests {
     #[test]
     fn parquet_columns_are_the_proto_fields() {
         for table in Table::ALL {
-            let batch = Rows::empty(table).to_record_batch("r").unwrap();
+            let batch = Rows::empty(table).to_record_batch("r", 0, 0).unwrap();
             let schema = batch.schema();
             let mut columns: Vec<String> =
                 schema.fields().iter().map(|f| f.name().clone()).collect();
@@ -361,18 +338,14 @@ mod tests {
 
     #[test]
     fn every_table_converts_with_its_head_columns() {
-        let step = Stamped {
-            rank: 3,
-            seq: 7,
-            row: StepRow {
-                step: 1,
-                step_ms: 2.5,
-                loss: Some(0.5),
-                ..Default::default()
-            },
+        let step = StepRow {
+            step: 1,
+            step_ms: 2.5,
+            loss: Some(0.5),
+            ..Default::default()
         };
-        let batch = Rows::Steps(vec![step.clone(), step])
-            .to_record_batch("run-a")
+        let batch = Rows::Steps(vec![step, step])
+            .to_record_batch("run-a", 3, 7)
             .unwrap();
         assert_eq!(batch.num_rows(), 2);
         let names: Vec<_> = batch
@@ -384,7 +357,7 @@ mod tests {
         assert_eq!(&names[..4], ["run_id", "rank", "seq", "step"]);
         assert!(names.contains(&"device_peak_bytes".to_string()));
         for table in Table::ALL {
-            let b = Rows::empty(table).to_record_batch("r").unwrap();
+            let b = Rows::empty(table).to_record_batch("r", 0, 0).unwrap();
             assert_eq!(b.schema().field(0).name(), "run_id");
         }
     }

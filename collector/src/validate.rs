@@ -103,7 +103,13 @@ fn label(field: &'static str, value: &str, max: usize) -> Result<(), Invalid> {
             max,
         });
     }
-    if value.chars().any(char::is_control) {
+    // ASCII (nearly every label) is checked bytewise; the rest char by char.
+    let control = if value.is_ascii() {
+        value.bytes().any(|b| b.is_ascii_control())
+    } else {
+        value.chars().any(char::is_control)
+    };
+    if control {
         return Err(Invalid::Control {
             field,
             value: value.escape_debug().take(64).collect(),
