@@ -62,8 +62,9 @@ lint: setup ## rustfmt and clippy, as CI wants them
 fmt:
 	cargo fmt --all
 
-bench: setup ## overhead benchmarks, printed and saved to bench-latest.md (see BENCHMARKS.md)
+bench: setup ## overhead and collector benchmarks, printed and saved to bench-latest.md (see BENCHMARKS.md)
 	cargo run --release -p rankscope -- bench | tee bench-latest.md
+	cargo run --release -p rankscope -- bench collector | tee -a bench-latest.md
 	$(VENV)/bin/python agent/python/benches/ddp_ab.py | tee -a bench-latest.md
 
 bench-sharding: ## throughput of 1 vs 2 collectors (see BENCHMARKS.md)

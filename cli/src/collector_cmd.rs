@@ -48,8 +48,9 @@ pub struct Args {
     /// Largest message accepted, in bytes.
     #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
-    /// Bound on the memory of rows held (buffered, being committed, being
-    /// admitted), in bytes; past it streams wait.
+    /// Bound on the memory of rows held, in bytes: an eighth for batches being
+    /// decoded, the rest for rows buffered or being committed; past it streams
+    /// wait. Each open stream also takes about 300 KiB outside it.
     #[arg(long, default_value_t = CollectorConfig::DEFAULT_MAX_PENDING_BYTES)]
     pub max_pending_bytes: usize,
     /// How long a disconnected rank may stay away before it is recorded as vanished.

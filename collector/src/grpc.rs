@@ -5,10 +5,12 @@
 //! before validation can look at it, and an empty row costs 2 bytes on the wire but
 //! about 240 in memory. One 16 MiB message of empty rows made the collector
 //! allocate about 1.8 GB (measured) before [`validate::batch`] refused it; a few
-//! such streams at once exhaust memory. [`decode_agent_message`] first walks the
-//! message's wire format (tags and lengths only, nothing allocated) and refuses a
-//! batch of more than [`MAX_ROWS_PER_BATCH`] rows with the status validation would
-//! give; only then does prost decode it. Bytes whose structure the walk cannot
+//! such streams at once exhaust memory. The codec first walks the message's wire
+//! format (tags and lengths only, nothing allocated) and refuses a batch of more
+//! than [`MAX_ROWS_PER_BATCH`] rows with the status validation would give; it hands
+//! the stream an [`Undecoded`] message, which the stream decodes with prost only
+//! once it holds room for the rows (so 1,024 streams waiting for room hold encoded
+//! bytes, not decoded batches). Bytes whose structure the walk cannot
 //! follow are refused as malformed, never handed to prost unbounded. Everything
 //! else is what the generated server does: one streaming method, the configured
 //! message size limit, `UNIMPLEMENTED` for any other path.
@@ -17,9 +19,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use prost::Message;
 use rankscope_proto::MAX_ROWS_PER_BATCH;
-use rankscope_proto::v1::collector_server::{Collector, SERVICE_NAME};
+use rankscope_proto::v1::collector_server::SERVICE_NAME;
 use rankscope_proto::v1::{AgentMessage, CollectorMessage};
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
@@ -38,15 +41,67 @@ const MAX_DEPTH: u32 = 100;
 /// then prost. `INVALID_ARGUMENT` for too many rows, `INTERNAL` (tonic's code for
 /// undecodable bytes, which the service rewords) for anything malformed.
 pub fn decode_agent_message(bytes: &[u8]) -> Result<AgentMessage, Status> {
-    let rows = batch_rows_on_wire(bytes)
-        .map_err(|why| Status::internal(format!("failed to decode Protobuf message: {why}")))?;
-    if rows > MAX_ROWS_PER_BATCH {
-        return Err(Status::invalid_argument(
-            Invalid::TooManyRows(rows).to_string(),
-        ));
-    }
-    AgentMessage::decode(bytes).map_err(|e| Status::internal(e.to_string()))
+    Undecoded::check(Bytes::copy_from_slice(bytes))?.decode()
 }
+
+/// One `AgentMessage` as received: its rows counted on the wire and within
+/// [`MAX_ROWS_PER_BATCH`], not yet decoded. The stream decodes it once it holds
+/// room for the decoded rows (`service`), so a stream waiting for room holds only
+/// the encoded bytes.
+#[derive(Debug)]
+pub struct Undecoded {
+    bytes: Bytes,
+    rows: usize,
+}
+
+impl Undecoded {
+    /// Counts the rows of `bytes`; refuses what [`decode_agent_message`] refuses
+    /// before prost runs.
+    pub fn check(bytes: Bytes) -> Result<Undecoded, Status> {
+        let rows = batch_rows_on_wire(&bytes)
+            .map_err(|why| Status::internal(format!("failed to decode Protobuf message: {why}")))?;
+        if rows > MAX_ROWS_PER_BATCH {
+            return Err(Status::invalid_argument(
+                Invalid::TooManyRows(rows).to_string(),
+            ));
+        }
+        Ok(Undecoded { bytes, rows })
+    }
+
+    /// An upper estimate of the memory the decoded message takes: every row at
+    /// the size of the largest row type, plus the encoded bytes (which bound its
+    /// strings).
+    pub fn decoded_bytes(&self) -> usize {
+        self.rows * LARGEST_ROW_BYTES + self.bytes.len()
+    }
+
+    /// Decodes with prost; `INTERNAL` (as tonic words it) for malformed bytes.
+    pub fn decode(self) -> Result<AgentMessage, Status> {
+        AgentMessage::decode(self.bytes).map_err(|e| Status::internal(e.to_string()))
+    }
+}
+
+/// The in-memory size of the largest row type.
+const LARGEST_ROW_BYTES: usize = {
+    use rankscope_proto::v1::{EventRow, LayerRow, ModelRow, RankRow, RunRow, StepRow};
+    let sizes = [
+        std::mem::size_of::<RunRow>(),
+        std::mem::size_of::<RankRow>(),
+        std::mem::size_of::<StepRow>(),
+        std::mem::size_of::<LayerRow>(),
+        std::mem::size_of::<ModelRow>(),
+        std::mem::size_of::<EventRow>(),
+    ];
+    let mut largest = 0;
+    let mut i = 0;
+    while i < sizes.len() {
+        if sizes[i] > largest {
+            largest = sizes[i];
+        }
+        i += 1;
+    }
+    largest
+};
 
 /// Rows (entries of `Batch` fields 3 to 8) in every `batch` (field 2) of an
 /// `AgentMessage`'s bytes: occurrences of a message field are merged by decoders,
@@ -141,13 +196,14 @@ fn varint(buf: &mut &[u8]) -> Result<u64, &'static str> {
     Err("varint too long")
 }
 
-/// [`decode_agent_message`] as a tonic codec; responses are encoded by prost.
+/// Counts a message's rows as a tonic codec ([`Undecoded`]); responses are encoded
+/// by prost.
 #[derive(Debug, Clone, Copy, Default)]
 struct AgentCodec;
 
 impl Codec for AgentCodec {
     type Encode = CollectorMessage;
-    type Decode = AgentMessage;
+    type Decode = Undecoded;
     type Encoder = ProstEncoder<CollectorMessage>;
     type Decoder = AgentDecoder;
 
@@ -164,26 +220,31 @@ impl Codec for AgentCodec {
 struct AgentDecoder;
 
 impl Decoder for AgentDecoder {
-    type Item = AgentMessage;
+    type Item = Undecoded;
     type Error = Status;
 
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<AgentMessage>, Status> {
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Undecoded>, Status> {
         use bytes::Buf;
+        // tonic hands over one whole message; taking it out of tonic's buffer
+        // shares the allocation instead of copying.
         let len = src.remaining();
-        // tonic hands over one whole message, contiguous in memory.
-        let message = if src.chunk().len() == len {
-            decode_agent_message(src.chunk())
-        } else {
-            decode_agent_message(&src.copy_to_bytes(len))
-        };
-        if src.has_remaining() {
-            src.advance(src.remaining());
-        }
-        message.map(Some)
+        Undecoded::check(src.copy_to_bytes(len)).map(Some)
     }
 }
 
-/// The server for a [`Collector`] implementation, in place of the generated one.
+/// The one streaming method, as the collector serves it: the generated
+/// `Collector` trait's, over [`Undecoded`] messages.
+#[tonic::async_trait]
+pub trait StreamService: Send + Sync + 'static {
+    type Outbound: futures::Stream<Item = Result<CollectorMessage, Status>> + Send + 'static;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<Undecoded>>,
+    ) -> Result<Response<Self::Outbound>, Status>;
+}
+
+/// The server for a [`StreamService`], in place of the generated one.
 #[derive(Debug)]
 pub struct CollectorServer<T> {
     inner: Arc<T>,
@@ -215,12 +276,12 @@ impl<T> NamedService for CollectorServer<T> {
 
 struct StreamMethod<T>(Arc<T>);
 
-impl<T: Collector> StreamingService<AgentMessage> for StreamMethod<T> {
+impl<T: StreamService> StreamingService<Undecoded> for StreamMethod<T> {
     type Response = CollectorMessage;
-    type ResponseStream = T::StreamStream;
+    type ResponseStream = T::Outbound;
     type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
 
-    fn call(&mut self, request: Request<Streaming<AgentMessage>>) -> Self::Future {
+    fn call(&mut self, request: Request<Streaming<Undecoded>>) -> Self::Future {
         let inner = self.0.clone();
         Box::pin(async move { inner.stream(request).await })
     }
@@ -228,7 +289,7 @@ impl<T: Collector> StreamingService<AgentMessage> for StreamMethod<T> {
 
 impl<T, B> Service<http::Request<B>> for CollectorServer<T>
 where
-    T: Collector,
+    T: StreamService,
     B: Body + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {

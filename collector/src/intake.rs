@@ -5,11 +5,11 @@
 //! lock, so a commit always holds every batch up to the watermark it records.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rankscope_proto::v1::{Batch, Hello, RankRow};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::buffer::{Pending, RankKey};
 use crate::table::Rows;
@@ -17,6 +17,9 @@ use crate::table::Rows;
 /// How far past the highest accepted `seq` a batch may jump before it is refused
 /// as absurd.
 pub const MAX_SEQ_JUMP: u64 = 1_000_000_000;
+
+/// The most decode room, in KiB (4 TiB; within `acquire_many`'s `u32`).
+const MAX_ROOM_KIB: usize = u32::MAX as usize;
 
 /// The answer to a batch.
 #[derive(Debug, PartialEq)]
@@ -71,10 +74,17 @@ struct Inner {
 }
 
 /// Shared between every stream and the committer.
+///
+/// The memory bound (`max_pending_bytes`) is split: an eighth for batches being
+/// decoded and admitted ([`Intake::decode_room`]), the rest for the rows held,
+/// buffered or being committed.
 #[derive(Debug)]
 pub struct Intake {
     inner: Mutex<Inner>,
     max_pending_bytes: usize,
+    /// Room for decoded batches not yet admitted, in KiB.
+    decode_room: Arc<Semaphore>,
+    decode_room_kib: usize,
     /// Woken after every commit attempt.
     pub committed: Notify,
     /// Woken when a stream asks for an early commit (its final batch).
@@ -88,16 +98,33 @@ impl Intake {
             .into_iter()
             .map(|(k, seq)| (k, RankState::new(seq)))
             .collect();
+        let decode_bytes = max_pending_bytes / 8;
+        let decode_room_kib = decode_bytes.div_ceil(1024).clamp(1, MAX_ROOM_KIB);
         Intake {
+            decode_room: Arc::new(Semaphore::new(decode_room_kib)),
+            decode_room_kib,
             inner: Mutex::new(Inner {
                 ranks,
                 pending: Pending::default(),
                 committing: 0,
             }),
-            max_pending_bytes,
+            max_pending_bytes: max_pending_bytes - decode_bytes,
             committed: Notify::new(),
             commit_soon: Notify::new(),
         }
+    }
+
+    /// Waits for room to decode a batch of about `bytes` (a batch larger than all
+    /// the room waits for all of it); the room is given back when the permit is
+    /// dropped, once the batch is admitted (its rows then count in the buffer).
+    pub async fn decode_room(&self, bytes: usize) -> OwnedSemaphorePermit {
+        let kib = bytes.div_ceil(1024).clamp(1, self.decode_room_kib);
+        let kib = u32::try_from(kib).unwrap_or(u32::MAX);
+        self.decode_room
+            .clone()
+            .acquire_many_owned(kib)
+            .await
+            .expect("the semaphore is never closed")
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {

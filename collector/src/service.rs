@@ -17,12 +17,12 @@ use std::time::Duration;
 use futures::Stream;
 use rankscope_proto::v1::agent_message::Kind as AgentKind;
 use rankscope_proto::v1::collector_message::Kind as CollectorKind;
-use rankscope_proto::v1::collector_server::Collector;
 use rankscope_proto::v1::{Ack, AgentMessage, Batch, CollectorMessage, Hello, Welcome};
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::buffer::RankKey;
+use crate::grpc::{StreamService, Undecoded};
 use crate::intake::{Admission, Intake};
 use crate::ops::metrics::{BatchRows, Refusal, RefusalCounts, RowCounts};
 use crate::space::SpaceGuard;
@@ -133,12 +133,12 @@ fn from_agent(status: Status) -> Status {
 type Outbound = Pin<Box<dyn Stream<Item = Result<CollectorMessage, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl Collector for CollectorService {
-    type StreamStream = Outbound;
+impl StreamService for CollectorService {
+    type Outbound = Outbound;
 
     async fn stream(
         &self,
-        request: Request<Streaming<AgentMessage>>,
+        request: Request<Streaming<Undecoded>>,
     ) -> Result<Response<Outbound>, Status> {
         if *self.phase.borrow() != Phase::Serving {
             self.counters.refuse(Refusal::ShuttingDown);
@@ -157,7 +157,10 @@ impl Collector for CollectorService {
             )));
         }
         let mut inbound = request.into_inner();
-        let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+            .await
+            .map(|read| read.and_then(|m| m.map(Undecoded::decode).transpose()));
+        let hello = match first {
             Err(_) => {
                 self.counters.refuse(Refusal::NoHello);
                 return Err(Status::deadline_exceeded("no Hello within 10 s"));
@@ -239,7 +242,7 @@ struct StreamTask {
 }
 
 impl StreamTask {
-    async fn run(mut self, mut inbound: Streaming<AgentMessage>, hello: Hello) {
+    async fn run(mut self, mut inbound: Streaming<Undecoded>, hello: Hello) {
         let end = self.read(&mut inbound).await;
         // Deliver the acks this stream is owed, unless it failed or went away.
         let status = match end {
@@ -254,9 +257,9 @@ impl StreamTask {
     }
 
     /// Reads batches until the agent closes its side, the collector drains, or an error.
-    async fn read(&mut self, inbound: &mut Streaming<AgentMessage>) -> Result<(), Status> {
+    async fn read(&mut self, inbound: &mut Streaming<Undecoded>) -> Result<(), Status> {
         enum Next {
-            Message(Result<Option<AgentMessage>, Status>),
+            Message(Result<Option<Undecoded>, Status>),
             Durable,
             Drain,
         }
@@ -273,20 +276,45 @@ impl StreamTask {
             match next {
                 Next::Message(message) => match message.map_err(|s| self.refused(s))? {
                     None => return Ok(()),
-                    Some(AgentMessage {
-                        kind: Some(AgentKind::Batch(batch)),
-                    }) => self.batch(batch).await?,
-                    Some(_) => {
-                        self.counters.refuse(Refusal::Malformed);
-                        return Err(Status::invalid_argument(
-                            "expected a Batch: a stream carries one Hello, first",
-                        ));
-                    }
+                    Some(undecoded) => self.message(undecoded).await?,
                 },
                 Next::Durable => self.ack().await?,
                 Next::Drain => return Ok(()),
             }
         }
+    }
+
+    /// Decodes and takes in one message, once there is room for its rows.
+    async fn message(&mut self, undecoded: Undecoded) -> Result<(), Status> {
+        let room = tokio::time::timeout(
+            FULL_WAIT,
+            self.intake.decode_room(undecoded.decoded_bytes()),
+        )
+        .await
+        .map_err(|_| self.buffer_full())?;
+        let message = undecoded.decode().map_err(|s| self.refused(s))?;
+        let result = match message {
+            AgentMessage {
+                kind: Some(AgentKind::Batch(batch)),
+            } => self.batch(batch).await,
+            _ => {
+                self.counters.refuse(Refusal::Malformed);
+                Err(Status::invalid_argument(
+                    "expected a Batch: a stream carries one Hello, first",
+                ))
+            }
+        };
+        // The rows are in the buffer now (or refused): the room goes back.
+        drop(room);
+        result
+    }
+
+    /// The status for a batch that found no room for [`FULL_WAIT`].
+    fn buffer_full(&self) -> Status {
+        self.counters.refuse(Refusal::BufferFull);
+        Status::unavailable(
+            "collector buffer is full because commits are failing or slow (see its log); resend later",
+        )
     }
 
     /// Counts a failure to read what the agent sent, unless it is a disconnect,
@@ -326,12 +354,7 @@ impl StreamTask {
                     self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
-                Admission::Full(_) if waited >= FULL_WAIT => {
-                    self.counters.refuse(Refusal::BufferFull);
-                    return Err(Status::unavailable(
-                        "collector buffer is full because commits are failing or slow (see its log); resend later",
-                    ));
-                }
+                Admission::Full(_) if waited >= FULL_WAIT => return Err(self.buffer_full()),
                 Admission::Full(back) => {
                     batch = back;
                     let step = Duration::from_millis(200);
