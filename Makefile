@@ -64,7 +64,9 @@ fmt:
 
 bench: setup ## overhead and collector benchmarks, printed and saved to bench-latest.md (see BENCHMARKS.md)
 	cargo run --release -p rankscope -- bench | tee bench-latest.md
-	cargo run --release -p rankscope -- bench collector | tee -a bench-latest.md
+	cargo build --release -p rankscope --no-default-features
+	cp target/release/rankscope target/release/rankscope-collector
+	cargo run --release -p rankscope -- bench collector --collector-bin target/release/rankscope-collector | tee -a bench-latest.md
 	$(VENV)/bin/python agent/python/benches/ddp_ab.py | tee -a bench-latest.md
 
 bench-sharding: ## throughput of 1 vs 2 collectors (see BENCHMARKS.md)

@@ -26,7 +26,8 @@ use anyhow::{Context, bail};
 #[command(after_help = "Examples:
   rankscope bench collector
   rankscope bench collector --ranks 256 --steps 400 --layers 48 --rss-ranks 1024
-  rankscope bench collector --rss-ranks 0 --real-steps 0   # the throughput run only")]
+  rankscope bench collector --rss-ranks 0 --real-steps 0   # the throughput run only
+  rankscope bench collector --collector-bin target/release/rankscope-collector")]
 pub struct Args {
     /// Concurrent streams (simulated ranks) of the throughput run.
     #[arg(long, default_value_t = 256)]
@@ -44,8 +45,13 @@ pub struct Args {
     #[arg(long, default_value_t = 40)]
     pub rss_steps: u64,
     /// Steps of the real training run (0: skip it).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 1000)]
     pub real_steps: u64,
+    /// The `rankscope` binary that runs the collector [default: this one]. Give
+    /// the collector-only build (`make collector`), as deployed: a binary with
+    /// libtorch linked starts with about 300 MiB more resident memory.
+    #[arg(long)]
+    pub collector_bin: Option<PathBuf>,
     /// The collector's buffer bound, as `rankscope collector --max-pending-bytes`.
     #[arg(long, default_value_t = rankscope_collector::CollectorConfig::DEFAULT_MAX_PENDING_BYTES)]
     pub max_pending_bytes: usize,
@@ -64,7 +70,15 @@ struct Measured {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("finding this binary to start the collector")?;
+    let exe = std::env::current_exe().context("finding this binary to start the load")?;
+    let collector_bin = match &args.collector_bin {
+        Some(bin) if !bin.is_file() => bail!(
+            "--collector-bin {}: no such file; build it with `make collector`",
+            bin.display()
+        ),
+        Some(bin) => bin.clone(),
+        None => exe.clone(),
+    };
     let tmp = tempfile::tempdir().context("making a temporary output directory")?;
     let mut results = Vec::new();
     let loadgen = |ranks: u32, steps: u64| {
@@ -86,7 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let (rows, layers) = sims(args.ranks, args.steps);
     results.push(measure(
-        &exe,
+        &collector_bin,
         &tmp.path().join("throughput"),
         format!("loadgen, {} streams", args.ranks),
         args.max_pending_bytes,
@@ -101,7 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         let (rows, layers) = sims(args.rss_ranks, args.rss_steps);
         results.push(measure(
-            &exe,
+            &collector_bin,
             &tmp.path().join("memory"),
             format!("loadgen, {} streams", args.rss_ranks),
             args.max_pending_bytes,
@@ -125,7 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .env("RANKSCOPE_OVERHEAD_BUDGET", "100%");
         // The row counts of a training run are what it sent, read back below.
         results.push(measure(
-            &exe,
+            &collector_bin,
             &tmp.path().join("real"),
             "rankscope train (transformer, every step)".into(),
             args.max_pending_bytes,
@@ -140,7 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Runs `load` against a fresh collector writing to `out`.
 fn measure(
-    exe: &Path,
+    collector_bin: &Path,
     out: &Path,
     label: String,
     max_pending_bytes: usize,
@@ -148,7 +162,7 @@ fn measure(
     rows: u64,
     layers_rows: u64,
 ) -> anyhow::Result<Measured> {
-    let (mut collector, addr) = start_collector(exe, out, max_pending_bytes)?;
+    let (mut collector, addr) = start_collector(collector_bin, out, max_pending_bytes)?;
     let started = Instant::now();
     let before = children_cpu_s();
     let status = load
@@ -210,9 +224,12 @@ fn start_collector(
         .context("starting the collector")?;
     let stdout = child.stdout.take().context("the collector's stdout")?;
     let mut first = String::new();
-    BufReader::new(stdout)
+    let mut reader = BufReader::new(stdout);
+    reader
         .read_line(&mut first)
         .context("reading the collector's address")?;
+    // Keep reading what it prints (its shutdown summary), so its stdout stays open.
+    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
     let Some(addr) = first
         .split_whitespace()
         .find(|w| w.starts_with("127.0.0.1:"))
@@ -290,9 +307,13 @@ fn count_rows(out: &Path) -> anyhow::Result<(u64, u64)> {
 
 fn print_report(args: &Args, results: &[Measured]) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let binary = args
+        .collector_bin
+        .as_ref()
+        .map_or("this binary".to_string(), |b| b.display().to_string());
     println!(
         "\n`rankscope bench collector`: {} layers per rank, buffer bound {} MiB, {cores} CPU(s); \
-         collector and load in separate processes on the same machine.\n",
+         collector ({binary}) and load in separate processes on the same machine.\n",
         args.layers,
         args.max_pending_bytes >> 20
     );
