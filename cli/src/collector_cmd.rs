@@ -135,7 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         // Tests and scripts read this line to find a port chosen with :0.
         let scheme = if args.tls_cert.is_some() { "TLS" } else { "plaintext" };
-        println!("rankscope collector listening on {addr}, writing {} ({scheme})", args.out.display());
+        say(format_args!("rankscope collector listening on {addr}, writing {} ({scheme})", args.out.display()));
         if !addr.ip().is_loopback() && args.token_file.is_none() && args.tls_client_ca.is_none() {
             tracing::warn!(%addr, "listening beyond loopback with no --token-file and no --tls-client-ca: anyone who reaches this port can write");
         }
@@ -145,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("cannot listen on --http {http}: is the port in use? choose another"))?;
                 // Tests and scripts read this second line to find a port chosen with :0.
-                println!("rankscope collector ops on http://{} (/metrics, /healthz, /readyz)", listener.local_addr()?);
+                say(format_args!("rankscope collector ops on http://{} (/metrics, /healthz, /readyz)", listener.local_addr()?));
                 Some(listener)
             }
             None => None,
@@ -153,12 +153,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let summary = rankscope_collector::serve_with_http(listener, http, config, shutdown)
             .await
             .with_context(|| format!("collector writing to {} failed", args.out.display()))?;
-        println!(
+        say(format_args!(
             "rankscope collector stopped: {} streams, {} batches ({} duplicates dropped, {} refused), {} rows in {} files",
             summary.streams, summary.batches, summary.duplicates, summary.refused, summary.rows, summary.files
-        );
+        ));
         Ok(())
     })
+}
+
+/// Prints a line on stdout. A stdout nobody reads any more (a closed pipe) is no
+/// reason for a collector to stop: the line is then dropped (`println!` would
+/// panic).
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out
+        .write_fmt(line)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
 }
 
 /// Takes over SIGTERM and Ctrl-C at once (so that a signal arriving while the

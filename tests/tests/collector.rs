@@ -233,3 +233,43 @@ fn absurd_flags_are_refused_without_a_panic() {
         assert!(stderr.contains(value) && stderr.contains(flag), "{stderr}");
     }
 }
+
+#[test]
+fn a_closed_stdout_does_not_stop_the_collector() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(rankscope_tests::bin("rankscope"))
+        .args(["collector", "--listen", "127.0.0.1:0", "--out"])
+        .arg(dir.path())
+        .env("RANKSCOPE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut first).unwrap();
+    let addr = first
+        .split_whitespace()
+        .map(|w| w.trim_end_matches(','))
+        .find(|w| w.parse::<std::net::SocketAddr>().is_ok())
+        .unwrap()
+        .to_string();
+    // Whoever read its stdout is gone (`rankscope collector | head -1`).
+    drop(stdout);
+    rankscope(&[
+        "loadgen",
+        "--ranks",
+        "2",
+        "--steps",
+        "5",
+        "--layers",
+        "2",
+        "--collector",
+        &addr,
+    ]);
+    rankscope_tests::signal(child.id(), "TERM");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "the collector exits 0: {status}");
+    assert_eq!(count(dir.path(), "layers", ""), 2 * 5 * 2);
+}
