@@ -88,7 +88,7 @@ pub enum Other {
     Collector(crate::bench_collector::Args),
 }
 
-fn parse_budget(text: &str) -> Result<OverheadBudget, String> {
+pub(crate) fn parse_budget(text: &str) -> Result<OverheadBudget, String> {
     OverheadBudget::parse(text)
         .ok_or_else(|| format!("{text:?}: give a percentage with the % sign, e.g. 2% or 0.5%"))
 }

@@ -36,6 +36,11 @@ pub struct Args {
     /// The torchrun to use with `--script`.
     #[arg(long, default_value = "torchrun")]
     pub torchrun: PathBuf,
+    /// The ranks' overhead budget (RANKSCOPE_OVERHEAD_BUDGET). A demo lasts
+    /// seconds, and the default 2% of that buys about one sample per layer, so
+    /// the demo gives the agent more.
+    #[arg(long, default_value = "20%", value_parser = crate::bench::parse_budget)]
+    pub overhead_budget: rankscope_agent::config::OverheadBudget,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -121,6 +126,7 @@ fn run_script(
         .env("RANKSCOPE_COLLECTOR", collector)
         .env("RANKSCOPE_RUN_ID", run_id)
         .env("RANKSCOPE_SAMPLE_EVERY", args.sample_every.to_string())
+        .env("RANKSCOPE_OVERHEAD_BUDGET", budget_text(args))
         .env("OMP_NUM_THREADS", "1")
         .status()
         .with_context(|| {
@@ -164,6 +170,14 @@ fn run_train(
     );
     launch::launch(
         &launch_args,
-        &[("RANKSCOPE_COLLECTOR", collector.to_string())],
+        &[
+            ("RANKSCOPE_COLLECTOR", collector.to_string()),
+            ("RANKSCOPE_OVERHEAD_BUDGET", budget_text(args)),
+        ],
     )
+}
+
+/// `--overhead-budget` as RANKSCOPE_OVERHEAD_BUDGET reads it.
+fn budget_text(args: &Args) -> String {
+    format!("{}%", args.overhead_budget.percent())
 }
