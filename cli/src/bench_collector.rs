@@ -94,32 +94,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let rows = layers + ranks as u64 * (1 + args.layers as u64 + steps) + 1;
         (rows, layers)
     };
-    eprintln!(
-        "throughput: {} streams x {} steps x {} layers",
-        args.ranks, args.steps, args.layers
-    );
-    let (rows, layers) = sims(args.ranks, args.steps);
-    results.push(measure(
-        &collector_bin,
-        &tmp.path().join("throughput"),
-        format!("loadgen, {} streams", args.ranks),
-        args.max_pending_bytes,
-        loadgen(args.ranks, args.steps),
-        rows,
-        layers,
-    )?);
+    let mut loads = vec![("throughput", args.ranks, args.steps)];
     if args.rss_ranks > 0 {
+        loads.push(("memory", args.rss_ranks, args.rss_steps));
+    }
+    for (name, ranks, steps) in loads {
         eprintln!(
-            "memory: {} streams x {} steps x {} layers",
-            args.rss_ranks, args.rss_steps, args.layers
+            "{name}: {ranks} streams x {steps} steps x {} layers",
+            args.layers
         );
-        let (rows, layers) = sims(args.rss_ranks, args.rss_steps);
+        let (rows, layers) = sims(ranks, steps);
         results.push(measure(
             &collector_bin,
-            &tmp.path().join("memory"),
-            format!("loadgen, {} streams", args.rss_ranks),
+            &tmp.path().join(name),
+            format!("loadgen, {ranks} streams"),
             args.max_pending_bytes,
-            loadgen(args.rss_ranks, args.rss_steps),
+            loadgen(ranks, steps),
             rows,
             layers,
         )?);
