@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
 use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Float64Type, Int64Type, SchemaRef, UInt64Type};
+use arrow::datatypes::{DataType, Float64Type, Int64Type, UInt64Type};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use rankscope_collector::table::{Rows, Table};
@@ -67,7 +67,7 @@ impl Dataset {
             .with_target_partitions(std::thread::available_parallelism().map_or(1, |n| n.get()));
         let ctx = SessionContext::new_with_config(config);
         for table in Table::ALL {
-            let schema = schema(table)?;
+            let schema = Rows::schema(table);
             let dir = out.join(table.name());
             let has_files = walk_has_parquet(&dir);
             let name = table.name();
@@ -287,11 +287,6 @@ impl Dataset {
         }
         Ok(run)
     }
-}
-
-/// The Arrow schema the collector writes for `table`.
-fn schema(table: Table) -> anyhow::Result<SchemaRef> {
-    Ok(Rows::schema(table))
 }
 
 /// Whether `dir` holds a committed Parquet file at any depth.

@@ -18,8 +18,13 @@ use crate::table::Rows;
 /// as absurd.
 pub const MAX_SEQ_JUMP: u64 = 1_000_000_000;
 
-/// The most decode room, in KiB (4 TiB; within `acquire_many`'s `u32`).
-const MAX_ROOM_KIB: usize = u32::MAX as usize;
+/// `bytes` in whole KiB, at least 1 and at most `u32::MAX` (4 TiB, the most
+/// `acquire_many` takes).
+fn kib(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
 
 /// The answer to a batch.
 #[derive(Debug, PartialEq)]
@@ -84,7 +89,7 @@ pub struct Intake {
     max_pending_bytes: usize,
     /// Room for decoded batches not yet admitted, in KiB.
     decode_room: Arc<Semaphore>,
-    decode_room_kib: usize,
+    decode_room_kib: u32,
     /// Woken after every commit attempt.
     pub committed: Notify,
     /// Woken when a stream asks for an early commit (its final batch).
@@ -99,9 +104,9 @@ impl Intake {
             .map(|(k, seq)| (k, RankState::new(seq)))
             .collect();
         let decode_bytes = max_pending_bytes / 8;
-        let decode_room_kib = decode_bytes.div_ceil(1024).clamp(1, MAX_ROOM_KIB);
+        let decode_room_kib = kib(decode_bytes);
         Intake {
-            decode_room: Arc::new(Semaphore::new(decode_room_kib)),
+            decode_room: Arc::new(Semaphore::new(decode_room_kib as usize)),
             decode_room_kib,
             inner: Mutex::new(Inner {
                 ranks,
@@ -118,11 +123,9 @@ impl Intake {
     /// the room waits for all of it); the room is given back when the permit is
     /// dropped, once the batch is admitted (its rows then count in the buffer).
     pub async fn decode_room(&self, bytes: usize) -> OwnedSemaphorePermit {
-        let kib = bytes.div_ceil(1024).clamp(1, self.decode_room_kib);
-        let kib = u32::try_from(kib).unwrap_or(u32::MAX);
         self.decode_room
             .clone()
-            .acquire_many_owned(kib)
+            .acquire_many_owned(kib(bytes).min(self.decode_room_kib))
             .await
             .expect("the semaphore is never closed")
     }

@@ -131,8 +131,8 @@ fn parquet_io(e: ParquetError) -> Result<io::Error, ParquetError> {
 /// and leading mantissa bytes; timestamps (which grow by small steps) use
 /// DELTA_BINARY_PACKED; everything else (strings, small integers) is dictionary
 /// encoded. Values are stored exactly as they arrive (float64 stays float64).
-/// On `rankscope loadgen` rows this took `layers` from 20.0 to 11.5 bytes per
-/// row (BENCHMARKS.md).
+/// On `rankscope loadgen` rows this took `layers` from 20.0 to about 9.7 bytes
+/// per row (BENCHMARKS.md).
 fn writer_properties(schema: &Schema, row_group_rows: usize) -> WriterProperties {
     let mut props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(
