@@ -12,7 +12,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup python browser demo test lint bench bench-sharding fmt collector clean
+.PHONY: help setup python python-dev browser demo test lint bench bench-sharding fmt collector clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -41,6 +41,13 @@ setup: $(STAMP) python ## create the venv (torch, torchrun, duckdb) and install 
 python: $(STAMP) ## build and install the rankscope Python package into .venv
 	cd agent/python && VIRTUAL_ENV=$(CURDIR)/$(VENV) maturin develop --release --quiet
 
+# The package as `make test` uses it: the dev profile, built into the main
+# workspace's target directory. Both workspaces resolve the same versions and
+# features, so this build and `cargo test` compile the dependencies (DataFusion
+# among them) once between them. `make python` installs the release build again.
+python-dev: $(STAMP)
+	cd agent/python && CARGO_TARGET_DIR=$(CURDIR)/target VIRTUAL_ENV=$(CURDIR)/$(VENV) maturin develop --quiet
+
 demo: setup ## 4 PyTorch DDP ranks under torchrun into an embedded collector, then the summary and report
 	cargo run --release -p rankscope -- demo --script agent/python/examples/ddp_train.py --steps 100
 
@@ -49,7 +56,7 @@ browser:
 	@command -v chromium >/dev/null || { echo "installing chromium (the report's browser test)"; \
 	  (command -v sudo >/dev/null && S=sudo || S=; $$S apt-get update -qq && $$S apt-get install -y -qq chromium); }
 
-test: setup browser ## build everything and run every test
+test: $(STAMP) python-dev browser ## build everything and run every test (installs the package's dev build)
 	cargo build --workspace --bins
 	cargo test --workspace --no-fail-fast
 	$(VENV)/bin/python -m pytest -q agent/python/tests
