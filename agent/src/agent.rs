@@ -429,8 +429,11 @@ impl Inner {
             rows.push(event(
                 crate::event_kind::OVERHEAD_SHARE,
                 format!(
-                    "the agent used {:.1} ms of the process's {:.1} ms of CPU time ({:.2} %; budget {budget}); value in millionths",
+                    "the agent used {:.1} ms (training thread {:.1}, metrics thread {:.1}, transport thread {:.1}) of the process's {:.1} ms of CPU time ({:.2} %; budget {budget}); value in millionths",
                     overhead.agent_ns as f64 / 1e6,
+                    overhead.training_ns as f64 / 1e6,
+                    overhead.metrics_ns as f64 / 1e6,
+                    overhead.transport_ns as f64 / 1e6,
                     overhead.process_ns as f64 / 1e6,
                     share * 100.0
                 ),

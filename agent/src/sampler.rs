@@ -37,8 +37,14 @@ pub struct ActivationSamples {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Overhead {
     pub budget: OverheadBudget,
-    /// The agent's CPU time: training thread, metrics thread, transport thread.
+    /// The agent's CPU time: `training_ns + metrics_ns + transport_ns`.
     pub agent_ns: u64,
+    /// The agent's time on the training thread (the steps' `overhead_ms`).
+    pub training_ns: u64,
+    /// The metrics thread's CPU time.
+    pub metrics_ns: u64,
+    /// The transport thread's CPU time.
+    pub transport_ns: u64,
     /// The whole process's CPU time since the agent started.
     pub process_ns: u64,
 }
@@ -208,6 +214,9 @@ impl Sampler {
         Overhead {
             budget: self.budget(),
             agent_ns: now.agent_ns,
+            training_ns: self.training_ns.load(Ordering::Relaxed),
+            metrics_ns: self.worker.cpu_ns.load(Ordering::Relaxed),
+            transport_ns: self.transport_ns.load(Ordering::Relaxed),
             process_ns: now.process_ns,
         }
     }
