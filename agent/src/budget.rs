@@ -107,14 +107,32 @@ impl CpuTimes {
 /// What one activation sample costs the agent, learned from the samples so far:
 /// the training thread's time to prepare it plus the metrics thread's CPU time to
 /// measure it.
+///
+/// The first sample also pays for one-time work (libtorch's first calls on each
+/// thread, the metrics thread's start): once a second sample is in, the estimate
+/// leaves the first one out, so a cheap sample is not taken for an expensive one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SampleCost {
-    /// Samples handed to the metrics thread, and the training thread's time on them.
+    /// Samples handed to the metrics thread, and the training thread's time on
+    /// them (on the first of them alone).
     pub taken: u64,
     pub training_ns: u64,
-    /// Samples the metrics thread has finished, and its CPU time so far.
+    pub first_training_ns: u64,
+    /// Samples the metrics thread has finished, and its CPU time so far (up to the
+    /// end of its first sample, its start included).
     pub measured: u64,
     pub worker_ns: u64,
+    pub first_worker_ns: u64,
+}
+
+/// `total` spread over `count` samples, leaving out the first (`first`) once there
+/// are others.
+fn per_sample(total: u64, first: u64, count: u64) -> u64 {
+    if count >= 2 {
+        total.saturating_sub(first) / (count - 1)
+    } else {
+        total / count.max(1)
+    }
 }
 
 impl SampleCost {
@@ -123,13 +141,16 @@ impl SampleCost {
         if self.taken == 0 {
             return None;
         }
-        Some(self.training_ns / self.taken + self.worker_ns_per_sample())
+        Some(
+            per_sample(self.training_ns, self.first_training_ns, self.taken)
+                + self.worker_ns_per_sample(),
+        )
     }
 
     /// The metrics thread's CPU time per sample (its time so far while it has not
     /// finished one: a lower bound).
     pub fn worker_ns_per_sample(&self) -> u64 {
-        self.worker_ns / self.measured.max(1)
+        per_sample(self.worker_ns, self.first_worker_ns, self.measured)
     }
 
     /// The agent's time still to come for `queued` samples waiting for the metrics
@@ -337,6 +358,37 @@ mod tests {
     }
 
     #[test]
+    fn the_first_samples_one_time_cost_leaves_the_estimate_once_others_are_in() {
+        // The first sample: 1 ms on the training thread, 9 ms on the metrics
+        // thread (its start and libtorch's first calls); then 0.1 ms + 0.5 ms each.
+        let first = SampleCost {
+            taken: 1,
+            training_ns: MS,
+            first_training_ns: MS,
+            measured: 1,
+            worker_ns: 9 * MS,
+            first_worker_ns: 9 * MS,
+        };
+        assert_eq!(first.per_sample_ns(), Some(10 * MS));
+        let later = SampleCost {
+            taken: 5,
+            training_ns: MS + 4 * MS / 10,
+            measured: 5,
+            worker_ns: 9 * MS + 4 * MS / 2,
+            ..first
+        };
+        assert_eq!(later.per_sample_ns(), Some(MS / 10 + MS / 2));
+        assert_eq!(later.expected_ns(2, 4), Some(MS + 4 * (MS / 10 + MS / 2)));
+        // Taken but not yet measured: the metrics thread's figure is its first.
+        let pending = SampleCost {
+            measured: 1,
+            worker_ns: 9 * MS,
+            ..later
+        };
+        assert_eq!(pending.worker_ns_per_sample(), 9 * MS);
+    }
+
+    #[test]
     fn queued_work_counts_against_the_budget() {
         let mut c = BudgetController::new(OverheadBudget::DEFAULT);
         let now = CpuTimes {
@@ -347,8 +399,10 @@ mod tests {
         let cost = SampleCost {
             taken: 10,
             training_ns: 10 * MS,
+            first_training_ns: MS,
             measured: 10,
             worker_ns: 10 * MS,
+            first_worker_ns: MS,
         };
         assert_eq!(cost.per_sample_ns(), Some(2 * MS));
         assert!(c.allows(Duration::from_secs(1), now, cost.expected_ns(0, 4)));

@@ -41,6 +41,8 @@ pub struct Overhead {
     pub agent_ns: u64,
     /// The agent's time on the training thread (the steps' `overhead_ms`).
     pub training_ns: u64,
+    /// Of `training_ns`, the time spent taking activation samples.
+    pub training_sample_ns: u64,
     /// The metrics thread's CPU time.
     pub metrics_ns: u64,
     /// The transport thread's CPU time.
@@ -63,6 +65,8 @@ pub(crate) struct WorkerCounters {
     pub done: AtomicU64,
     /// The worker thread's CPU time, as it last read its own clock.
     pub cpu_ns: AtomicU64,
+    /// Its CPU time at the end of its first sample (its start included).
+    pub first_ns: AtomicU64,
     /// Samples dropped (queued when finish stopped waiting).
     pub dropped: AtomicU64,
 }
@@ -94,8 +98,10 @@ pub(crate) struct Sampler {
     dropped: AtomicU64,
     skipped_budget: AtomicU64,
     skipped_queue_full: AtomicU64,
-    /// The training thread's time preparing samples, and all its time in the agent.
+    /// The training thread's time preparing samples (the first alone), and all
+    /// its time in the agent.
     training_sample_ns: AtomicU64,
+    first_sample_ns: AtomicU64,
     training_ns: AtomicU64,
 }
 
@@ -120,6 +126,7 @@ impl Sampler {
             skipped_budget: AtomicU64::new(0),
             skipped_queue_full: AtomicU64::new(0),
             training_sample_ns: AtomicU64::new(0),
+            first_sample_ns: AtomicU64::new(0),
             training_ns: AtomicU64::new(0),
         }
     }
@@ -135,8 +142,10 @@ impl Sampler {
         let cost = SampleCost {
             taken: self.taken.load(Ordering::Relaxed),
             training_ns: self.training_sample_ns.load(Ordering::Relaxed),
+            first_training_ns: self.first_sample_ns.load(Ordering::Relaxed),
             measured: self.worker.done.load(Ordering::Relaxed),
             worker_ns: self.worker.cpu_ns.load(Ordering::Relaxed),
+            first_worker_ns: self.worker.first_ns.load(Ordering::Relaxed),
         };
         let queued = self.queued();
         let take = match self.cpu_times() {
@@ -193,8 +202,8 @@ impl Sampler {
     /// taking a sample.
     pub fn add_training_ns(&self, ns: u64, sampling: bool) {
         self.training_ns.fetch_add(ns, Ordering::Relaxed);
-        if sampling {
-            self.training_sample_ns.fetch_add(ns, Ordering::Relaxed);
+        if sampling && self.training_sample_ns.fetch_add(ns, Ordering::Relaxed) == 0 {
+            self.first_sample_ns.store(ns, Ordering::Relaxed);
         }
     }
 
@@ -215,6 +224,7 @@ impl Sampler {
             budget: self.budget(),
             agent_ns: now.agent_ns,
             training_ns: self.training_ns.load(Ordering::Relaxed),
+            training_sample_ns: self.training_sample_ns.load(Ordering::Relaxed),
             metrics_ns: self.worker.cpu_ns.load(Ordering::Relaxed),
             transport_ns: self.transport_ns.load(Ordering::Relaxed),
             process_ns: now.process_ns,

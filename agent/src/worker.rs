@@ -101,7 +101,10 @@ impl Worker {
                         m.into_layer_row(job.step, job.time, job.layer, compute_ms),
                     ));
                     report_cpu();
-                    counters.done.fetch_add(1, Ordering::Relaxed);
+                    if counters.done.fetch_add(1, Ordering::Relaxed) == 0 {
+                        let first = counters.cpu_ns.load(Ordering::Relaxed);
+                        counters.first_ns.store(first, Ordering::Relaxed);
+                    }
                 }
                 report_cpu();
             })?;

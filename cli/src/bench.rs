@@ -10,8 +10,11 @@
 //! done once per training thread count: all cores to training (nothing left for
 //! the agent's threads), and one core left free (as on GPU nodes, where the
 //! training process mostly waits on the device). For the sampling
-//! configurations it reports the agent's measured CPU share against the budget,
-//! and the samples taken against those the budget allows. It also times the
+//! configurations it reports the agent's measured CPU share against the budget
+//! over the timed rounds (from the end of the warm-up round, so the one-time
+//! start-up is reported apart, in the whole run's share), and the samples taken
+//! against those the budget allows: the budget's share of the process's CPU time,
+//! less the agent's time not spent on samples, over the measured cost of one. It also times the
 //! training thread's cost of a non-sampled and of a sampled tap, the worker's
 //! cost of one sample, and the agent's start-up with 200 taps. It prints a
 //! Markdown report.
@@ -193,14 +196,91 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What a configuration's process reports at the end.
+/// A configuration's agent at one moment: its samples and cumulative CPU times.
 #[derive(Debug, Default, Clone, Copy)]
-struct ChildReport {
+struct Snapshot {
     taken: u64,
     dropped: u64,
     skipped: u64,
+    /// The agent's CPU time, and of it the part spent on samples (taking them on
+    /// the training thread, measuring them on the metrics thread).
     agent_ns: u64,
+    sample_ns: u64,
     process_ns: u64,
+}
+
+impl Snapshot {
+    const FIELDS: usize = 6;
+
+    fn of(agent: &Agent) -> Snapshot {
+        let samples = agent.activation_samples();
+        let overhead = agent.overhead();
+        Snapshot {
+            taken: samples.taken,
+            dropped: samples.dropped,
+            skipped: samples.skipped,
+            agent_ns: overhead.map_or(0, |o| o.agent_ns),
+            sample_ns: overhead.map_or(0, |o| o.training_sample_ns + o.metrics_ns),
+            process_ns: overhead.map_or(0, |o| o.process_ns),
+        }
+    }
+
+    fn to_line(self) -> String {
+        format!(
+            "{} {} {} {} {} {}",
+            self.taken, self.dropped, self.skipped, self.agent_ns, self.sample_ns, self.process_ns
+        )
+    }
+
+    fn parse(numbers: &[u64]) -> Option<Snapshot> {
+        match *numbers {
+            [taken, dropped, skipped, agent_ns, sample_ns, process_ns] => Some(Snapshot {
+                taken,
+                dropped,
+                skipped,
+                agent_ns,
+                sample_ns,
+                process_ns,
+            }),
+            _ => None,
+        }
+    }
+
+    /// What happened between `earlier` and `self`.
+    fn since(self, earlier: Snapshot) -> Snapshot {
+        Snapshot {
+            taken: self.taken.saturating_sub(earlier.taken),
+            dropped: self.dropped.saturating_sub(earlier.dropped),
+            skipped: self.skipped.saturating_sub(earlier.skipped),
+            agent_ns: self.agent_ns.saturating_sub(earlier.agent_ns),
+            sample_ns: self.sample_ns.saturating_sub(earlier.sample_ns),
+            process_ns: self.process_ns.saturating_sub(earlier.process_ns),
+        }
+    }
+
+    /// The agent's share of the process's CPU time.
+    fn share(self) -> f64 {
+        self.agent_ns as f64 / self.process_ns.max(1) as f64
+    }
+
+    /// The samples `budget` pays for: what the budget leaves after the agent's
+    /// time not spent on samples (the transport thread, step rows), divided by the
+    /// measured cost of one sample, at most the planned samples.
+    fn allowed(self, budget: OverheadBudget) -> f64 {
+        let planned = (self.taken + self.skipped) as f64;
+        let per_sample = self.sample_ns as f64 / self.taken.max(1) as f64;
+        let fixed = self.agent_ns.saturating_sub(self.sample_ns) as f64;
+        let room = (budget.fraction() * self.process_ns as f64 - fixed).max(0.0);
+        planned.min(room / per_sample.max(1.0))
+    }
+}
+
+/// What a configuration's process reports at the end: its whole run (start-up
+/// included), and the timed rounds alone (after the warm-up round).
+#[derive(Debug, Default, Clone, Copy)]
+struct ChildReport {
+    whole: Snapshot,
+    timed: Snapshot,
 }
 
 /// Per setup: the median round in seconds, and what its process reported.
@@ -298,13 +378,13 @@ fn overhead_rounds(
             .map(str::parse)
             .collect::<Result<_, _>>()
             .with_context(|| format!("a configuration reported {answer:?}"))?;
-        anyhow::ensure!(n.len() == 5, "a configuration reported {answer:?}");
+        let (whole, warm) = n.split_at(n.len().min(Snapshot::FIELDS));
+        let (Some(whole), Some(warm)) = (Snapshot::parse(whole), Snapshot::parse(warm)) else {
+            anyhow::bail!("a configuration reported {answer:?}");
+        };
         reports.push(ChildReport {
-            taken: n[0],
-            dropped: n[1],
-            skipped: n[2],
-            agent_ns: n[3],
-            process_ns: n[4],
+            whole,
+            timed: whole.since(warm),
         });
     }
     Ok(Rounds {
@@ -341,6 +421,8 @@ fn child(args: &Args, index: usize) -> anyhow::Result<()> {
     writeln!(out, "ready")?;
     out.flush()?;
     let mut step = 0u64;
+    // The agent after the warm-up round: the timed rounds are measured from here.
+    let mut warm: Option<Snapshot> = None;
     for line in std::io::stdin().lock().lines() {
         match line?.trim() {
             "round" => {
@@ -359,6 +441,7 @@ fn child(args: &Args, index: usize) -> anyhow::Result<()> {
                     );
                 }
                 writeln!(out, "{}", started.elapsed().as_secs_f64())?;
+                warm.get_or_insert_with(|| Snapshot::of(&agent));
             }
             "finish" => {
                 let report = agent.finish();
@@ -368,16 +451,12 @@ fn child(args: &Args, index: usize) -> anyhow::Result<()> {
                         "rows were not acknowledged by the bench collector"
                     );
                 }
-                let samples = agent.activation_samples();
-                let overhead = agent.overhead();
+                let whole = Snapshot::of(&agent);
                 writeln!(
                     out,
-                    "{} {} {} {} {}",
-                    samples.taken,
-                    samples.dropped,
-                    samples.skipped,
-                    overhead.map_or(0, |o| o.agent_ns),
-                    overhead.map_or(0, |o| o.process_ns)
+                    "{} {}",
+                    whole.to_line(),
+                    warm.unwrap_or_default().to_line()
                 )?;
                 out.flush()?;
                 return Ok(());
@@ -397,38 +476,33 @@ fn print_overhead(threads: usize, cores: usize, rounds: &Rounds, args: &Args) {
         "### Training on {threads} intra-op thread(s), {spare} core(s) left for the agent and collector\n"
     );
     println!(
-        "| configuration | median round | ms/step | overhead vs off | agent CPU share | target | samples taken / skipped / dropped | taken / allowed by the budget |"
+        "| configuration | median round | ms/step | overhead vs off | agent CPU share, timed rounds | target | whole run (start-up included) | samples taken / skipped / dropped, timed rounds | taken / allowed by the budget |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for ((setup, &m), r) in SETUPS.iter().zip(times).zip(&rounds.reports) {
         let sampling = setup.mode != Mode::Off;
-        let (share, target, samples, allowed) = if sampling {
-            let share = r.agent_ns as f64 / r.process_ns.max(1) as f64;
-            // Planned samples, and how many of them the budget pays for at the
-            // measured cost of a sample (all the agent's CPU time per sample taken).
-            let planned = r.taken + r.skipped;
-            let per_sample = r.agent_ns as f64 / r.taken.max(1) as f64;
-            let affordable = budget.fraction() * r.process_ns as f64 / per_sample.max(1.0);
-            let allowed = (planned as f64).min(affordable).max(1.0);
-            (
-                format!("{:.2} %", 100.0 * share),
+        let cells = if sampling {
+            let t = r.timed;
+            [
+                format!("{:.2} %", 100.0 * t.share()),
                 format!("<= {budget}"),
-                format!("{} / {} / {}", r.taken, r.skipped, r.dropped),
-                format!("{:.0} %", 100.0 * r.taken as f64 / allowed),
-            )
+                format!("{:.2} %", 100.0 * r.whole.share()),
+                format!("{} / {} / {}", t.taken, t.skipped, t.dropped),
+                format!(
+                    "{:.0} %",
+                    100.0 * t.taken as f64 / t.allowed(budget).max(1.0)
+                ),
+            ]
         } else {
-            ("-".into(), "-".into(), "-".into(), "-".into())
+            ["-", "-", "-", "-", "-"].map(String::from)
         };
         println!(
-            "| {} | {:.3} s | {:.3} | {:+.2} % | {} | {} | {} | {} |",
+            "| {} | {:.3} s | {:.3} | {:+.2} % | {} |",
             setup.label,
             m,
             1e3 * m / args.steps_per_round as f64,
             100.0 * (m / times[0] - 1.0),
-            share,
-            target,
-            samples,
-            allowed
+            cells.join(" | ")
         );
     }
     println!();
