@@ -479,7 +479,7 @@ fn measure_matrix(
         return Ok(());
     }
     let numel = matrix.numel() as u64;
-    // Σx, Σx² and the zeros in float64, over blocks of about 2¹⁸ elements cast one at a
+    // Σx and Σx² in float64, over blocks of about 2¹⁸ elements cast one at a
     // time (a float64 copy of the whole matrix costs more than the sums), with one
     // device → host transfer for all. A NaN or ±Inf anywhere makes Σx non-finite (in
     // float64 the sum of finite float32 values cannot overflow), so finite input needs no
@@ -494,15 +494,21 @@ fn measure_matrix(
                 wide.f_sum(Kind::Double)?,
                 // A float64 dot product: no squared copy of the block.
                 wide.f_dot(&wide)?,
-                block
-                    .f_count_nonzero(None::<i64>)?
-                    .f_to_kind(Kind::Double)?,
             ],
             0,
         )?);
     }
-    let health =
-        to_host(&Tensor::f_stack(&partial, 0)?.f_sum_dim_intlist(0, false, Kind::Double)?)?;
+    // The zeros in one pass over the whole matrix: per block it cost twice as much.
+    let health = to_host(&Tensor::f_cat(
+        &[
+            Tensor::f_stack(&partial, 0)?.f_sum_dim_intlist(0, false, Kind::Double)?,
+            matrix
+                .f_count_nonzero(None::<i64>)?
+                .f_to_kind(Kind::Double)?
+                .f_reshape([1])?,
+        ],
+        0,
+    )?)?;
     let (sum, sum_sq, nonzero) = (health[0], health[1], health[2]);
     if !(sum.is_finite() && sum_sq.is_finite()) {
         return measure_nonfinite(&matrix.f_to_kind(Kind::Double)?, out);
