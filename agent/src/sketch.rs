@@ -19,7 +19,7 @@ const SKETCH_BLOCK: i64 = 16;
 /// Block Krylov steps after the first block (q): the space has b·(q + 1) = 112 vectors.
 const SKETCH_STEPS: usize = 6;
 /// Rademacher probes for the part of Σλ² outside the Krylov space (m). 16 left
-/// `participation_ratio` 1.6 % off on flat spectra, too close to its 2 % bound.
+/// `participation_ratio` up to 1.6 % off, too close to its 2 % bound.
 const SKETCH_PROBES: i64 = 32;
 /// A Ritz pair whose residual ‖G·v − θ·v‖ is at most this fraction of θ counts as an
 /// eigenpair (weight 1 in the trace estimates).
@@ -41,7 +41,9 @@ const SKETCH_PENCIL_FLOOR: f64 = 1e-6;
 /// `x`'s device. With G the Gram matrix of the smaller side (r × r, r = min(n, d)),
 /// applied as A·(Aᵀ·V) and never formed:
 ///
-/// - Σλ = `trace` = ‖x‖²_F, computed exactly in float64 by the caller.
+/// - Σλ = `trace` = ‖x‖²_F, computed exactly in float64 by the caller; the products are
+///   divided by it (G / Σλ has eigenvalues summing to 1), so float32 neither overflows nor
+///   underflows whatever the activations' scale.
 /// - A block Krylov space K = span{Ω, GΩ, …, G^q Ω} from b Gaussian vectors Ω,
 ///   orthonormal (block Gram–Schmidt twice, then QR, and all of it again where the
 ///   projection removed most of a block), with Aᵀ·K and G·K kept from the
@@ -72,21 +74,24 @@ pub fn sketch_spectral(x: &Tensor, trace: f64, seed: u64) -> Result<Spectral, Tc
     let x = x.f_to_kind(Kind::Float)?;
     let r = n.min(d);
     // With a the r × c orientation of x (r ≤ c, so G = a·aᵀ is the smaller Gram matrix),
-    // (aᵀ·v, G·v). aᵀ·v is kept for the Rayleigh quotients, whose rounding it makes
-    // quadratic (G's null directions get Ritz values of order ε², not ε). x stays as it is
-    // stored, never copied, and each product takes it in the layout the BLAS reads fastest:
-    // a transposed x as the left factor cost about 16 % more CPU per product, on one
-    // thread at 2,048 × 4,096.
+    // (aᵀ·v, G·v), both divided by ‖x‖_F: the sketch works on G / Σλ, whose eigenvalues sum
+    // to 1, so that float32 neither overflows for large activations nor underflows for tiny
+    // ones (every column is scale-free); the two scalings touch only the thin results.
+    // aᵀ·v is kept for the Rayleigh quotients, whose rounding it makes quadratic (G's null
+    // directions get Ritz values of order ε², not ε). x stays as it is stored, never copied,
+    // and each product takes it in the layout the BLAS reads fastest: a transposed x as the
+    // left factor cost about 16 % more CPU per product, on one thread at 2,048 × 4,096.
+    let inverse_norm = 1.0 / trace.sqrt();
     let gram_times = |v: &Tensor| -> Result<(Tensor, Tensor), TchError> {
         if n <= d {
             // a = x: aᵀ·v = (vᵀ·x)ᵀ and G·v = (vᵀ·x·xᵀ)ᵀ.
-            let half = v.f_tr()?.f_matmul(&x)?;
-            let full = half.f_matmul(&x.f_tr()?)?;
+            let half = v.f_tr()?.f_matmul(&x)?.f_mul_scalar(inverse_norm)?;
+            let full = half.f_matmul(&x.f_tr()?)?.f_mul_scalar(inverse_norm)?;
             Ok((half.f_tr()?, full.f_tr()?))
         } else {
             // a = xᵀ: aᵀ·v = x·v and G·v = ((x·v)ᵀ·x)ᵀ.
-            let half = x.f_matmul(v)?;
-            let full = half.f_tr()?.f_matmul(&x)?;
+            let half = x.f_matmul(v)?.f_mul_scalar(inverse_norm)?;
+            let full = half.f_tr()?.f_matmul(&x)?.f_mul_scalar(inverse_norm)?;
             Ok((half, full.f_tr()?))
         }
     };
@@ -224,7 +229,8 @@ pub fn sketch_spectral(x: &Tensor, trace: f64, seed: u64) -> Result<Spectral, Tc
     let trace_sq = to_host(&inside.f_add(&outside)?.f_reshape([1])?)?[0];
     Ok(sketched(
         &Estimates {
-            trace,
+            // In units of G / Σλ.
+            trace: 1.0,
             trace_sq,
             top: pencil_top,
             theta: &theta_host,
@@ -473,6 +479,12 @@ mod tests {
             first.clone().into_layer_row(0, 0, "l".into(), 0.0).method,
             "sketch"
         );
+        // Scale-free in float32 too: activations of 10⁻³⁰ or 10³⁰ neither underflow nor
+        // overflow the products.
+        for scale in [1e-30, 1e30] {
+            let scaled = compute(&x.f_mul_scalar(scale).unwrap(), &opts, 5);
+            assert_matches(&scaled, &first.spectral, 1e-4, &format!("flat × {scale:e}"));
+        }
         // A rank-3 matrix: the Krylov space runs out, the estimates stay exact.
         let low = crate::spectra::SpectrumKind::Flat
             .matrix(600, 3, 2)
