@@ -445,25 +445,38 @@ mod tests {
         assert!(misses.is_empty(), "{misses:#?}");
     }
 
-    /// The steep power law (σᵢ ∝ 1/i) at the target size, 2,048 × 4,096, where its tail of
-    /// small singular values carries a third of Σσ and the Gauss rule alone puts
-    /// `effective_rank` 20 % off: within the 5 % that `docs/metrics.md` states for it there.
+    /// The two hardest cases at the target size, 2,048 × 4,096, against what
+    /// `docs/metrics.md` states there: the flat spectrum, whose crowded top eigenvalues make λ₁
+    /// the hardest (`stable_rank` and `participation_ratio` within 2 %), and the steep power
+    /// law (σᵢ ∝ 1/i), whose tail of small singular values carries a third of Σσ and puts the
+    /// Gauss rule alone 20 % off (`effective_rank` within 5 %).
     #[test]
-    fn steep_power_law_tail_at_the_target_size() {
-        let x = crate::spectra::SpectrumKind::PowerLaw(2.0)
-            .matrix(2048, 4096, 7)
-            .unwrap();
-        let exact = compute(&x, &with_spectrum(SpectrumMode::Exact), 3);
-        let sketch = compute(&x, &with_spectrum(SpectrumMode::Sketch), 3);
-        let (e, s) = (
-            exact.spectral.effective_rank.unwrap(),
-            sketch.spectral.effective_rank.unwrap(),
-        );
-        let error = (s - e).abs() / e;
-        assert!(
-            error <= 0.05,
-            "effective_rank {s}, exact {e}: off by {error}"
-        );
+    fn hardest_kinds_at_the_target_size() {
+        use crate::spectra::SpectrumKind;
+        let mut misses = Vec::new();
+        for (kind, bounds) in [
+            (
+                SpectrumKind::Flat,
+                vec![("stable_rank", 0.02), ("participation_ratio", 0.02)],
+            ),
+            (SpectrumKind::PowerLaw(2.0), vec![("effective_rank", 0.05)]),
+        ] {
+            let x = kind.matrix(2048, 4096, 7).unwrap();
+            let exact = compute(&x, &with_spectrum(SpectrumMode::Exact), 3).spectral;
+            let sketch = compute(&x, &with_spectrum(SpectrumMode::Sketch), 3).spectral;
+            for (name, bound) in bounds {
+                let value = |s: &Spectral| s.named().into_iter().find(|c| c.0 == name).unwrap().1;
+                let (e, s) = (value(&exact), value(&sketch));
+                let error = (s - e).abs() / e;
+                if error.is_nan() || error > bound {
+                    misses.push(format!(
+                        "{}: {name} {s}, exact {e}: off by {error:.4}",
+                        kind.name()
+                    ));
+                }
+            }
+        }
+        assert!(misses.is_empty(), "{misses:#?}");
     }
 
     #[test]
