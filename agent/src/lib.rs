@@ -16,6 +16,8 @@
 //!   streams and resends; [`client_tls`]: TLS to the collector; [`report`]: what
 //!   was delivered, at finish;
 //! - with the `torch` feature: [`metrics`] (the spectral and health metrics),
+//!   [`sketch`] (the randomized spectrum of large matrices), [`spectra`] (seeded
+//!   test spectra and the exact-against-sketch comparison),
 //!   [`worker`] (metrics off the training thread), [`sampler`] (which
 //!   planned samples are taken, within the budget), [`tap`] (capturing
 //!   activations), [`step`] (step and phase timing), [`memory`] (RSS and
@@ -45,6 +47,8 @@ pub mod metrics;
 pub mod profile;
 #[cfg(feature = "torch")]
 pub mod sampler;
+#[cfg(feature = "torch")]
+pub mod sketch;
 #[cfg(feature = "torch")]
 pub mod spectra;
 #[cfg(feature = "torch")]

@@ -201,8 +201,9 @@ mod tests {
     use super::*;
 
     /// The benchmark table, at the target size (2,048 × 4,096) or at `SPECTRUM_TABLE_SHAPE`
-    /// (`ROWSxCOLS`): `cargo test -p rankscope-agent spectrum_table -- --ignored
-    /// --nocapture`. It prints times and asserts nothing about them.
+    /// (`ROWSxCOLS`), median of 3 rounds or of `SPECTRUM_TABLE_ROUNDS`: `cargo test -p
+    /// rankscope-agent spectrum_table -- --ignored --nocapture`. It prints times and asserts
+    /// nothing about them.
     #[test]
     #[ignore = "a benchmark: minutes of CPU"]
     fn spectrum_table() {
@@ -211,10 +212,14 @@ mod tests {
             .split_once('x')
             .and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)))
             .expect("SPECTRUM_TABLE_SHAPE is ROWSxCOLS, e.g. 2048x4096");
+        let rounds = std::env::var("SPECTRUM_TABLE_ROUNDS").map_or(3, |r| {
+            r.parse()
+                .expect("SPECTRUM_TABLE_ROUNDS is a whole number, e.g. 5")
+        });
         crate::threads::limit_this_thread(1);
         let comparisons: Vec<Comparison> = SpectrumKind::ALL
             .into_iter()
-            .map(|kind| compare(kind, rows, cols, 3).unwrap())
+            .map(|kind| compare(kind, rows, cols, rounds).unwrap())
             .collect();
         println!("{}", markdown(rows, cols, &comparisons));
     }
