@@ -90,15 +90,14 @@ pub enum Message {
 pub struct DecodedBatch {
     pub seq: u64,
     pub is_final: bool,
-    tables: [Option<TableBuilder>; Table::ALL.len()],
+    /// Boxed: a batch moves between tasks, most of its slots empty.
+    tables: [Option<Box<TableBuilder>>; Table::ALL.len()],
 }
 
 impl DecodedBatch {
     /// Rows of `table` in the batch.
     pub fn rows(&self, table: Table) -> usize {
-        self.tables[table.index()]
-            .as_ref()
-            .map_or(0, TableBuilder::rows)
+        self.tables[table.index()].as_ref().map_or(0, |b| b.rows())
     }
 
     /// Rows of all tables.
@@ -153,7 +152,9 @@ impl DecodedBatch {
                     let payload = length_delimited(&mut buf)?;
                     read_row(payload, &WIRE_TYPES[table.index()], &mut row)?;
                     self.tables[table.index()]
-                        .get_or_insert_with(|| TableBuilder::new(table, capacity[table.index()]))
+                        .get_or_insert_with(|| {
+                            Box::new(TableBuilder::new(table, capacity[table.index()]))
+                        })
                         .append(&row);
                 }
                 (_, None) => skip(&mut buf, field, wire, BATCH_DEPTH)?,
