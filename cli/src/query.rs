@@ -19,7 +19,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float64Type, Int64Type, UInt64Type};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-use rankscope_collector::table::{Rows, Table};
+use rankscope_collector::table::{self, Table};
 
 use crate::analysis::diagnoses::{EventRecord, LayerRecord, RankInfo, RunData, StepRecord};
 
@@ -67,7 +67,7 @@ impl Dataset {
             .with_target_partitions(std::thread::available_parallelism().map_or(1, |n| n.get()));
         let ctx = SessionContext::new_with_config(config);
         for table in Table::ALL {
-            let schema = Rows::schema(table);
+            let schema = table::schema(table);
             let dir = out.join(table.name());
             let has_files = walk_has_parquet(&dir);
             let name = table.name();

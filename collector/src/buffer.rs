@@ -7,12 +7,27 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use arrow::array::RecordBatch;
-use rankscope_proto::v1::Batch;
 
-use crate::table::{Rows, Table};
+use crate::table::Table;
 
 /// The key of a rank's stream of batches.
 pub type RankKey = (String, u32);
+
+/// One batch of a rank, decoded and checked: its rows as one record batch per
+/// table it has rows for (`wire::DecodedBatch::finish`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchRecords {
+    pub seq: u64,
+    pub is_final: bool,
+    pub tables: Vec<(Table, RecordBatch)>,
+}
+
+impl BatchRecords {
+    /// Rows of all tables.
+    pub fn rows(&self) -> usize {
+        self.tables.iter().map(|(_, b)| b.num_rows()).sum()
+    }
+}
 
 /// The rows of one (table, run), as Arrow record batches: one file at the next
 /// commit.
@@ -50,29 +65,23 @@ pub struct Pending {
 
 impl Pending {
     /// Adds every row of `batch`, sent by `rank` of `run_id`.
-    pub fn push_batch(&mut self, run_id: &str, rank: u32, batch: Batch) {
-        let seq = batch.seq;
+    pub fn push_batch(&mut self, run_id: &str, rank: u32, batch: BatchRecords) {
         self.since.get_or_insert_with(Instant::now);
         let wm = self
             .watermarks
             .entry((run_id.to_string(), rank))
             .or_default();
-        *wm = (*wm).max(seq);
-        for rows in Rows::split(batch) {
-            self.push_rows(run_id, rank, seq, rows);
-        }
+        *wm = (*wm).max(batch.seq);
+        self.push_rows(run_id, batch.tables);
     }
 
-    /// Appends rows of `rank` from batch `seq`; the collector's own rows have
-    /// seq 0 (and no watermark).
-    pub fn push_rows(&mut self, run_id: &str, rank: u32, seq: u64, rows: Rows) {
-        if rows.is_empty() {
-            return;
+    /// Appends rows without a watermark (the collector's own rows, seq 0).
+    pub fn push_rows(&mut self, run_id: &str, tables: Vec<(Table, RecordBatch)>) {
+        for (table, batch) in tables {
+            if batch.num_rows() > 0 {
+                self.push_record_batch(table, run_id, batch);
+            }
         }
-        let batch = rows
-            .to_record_batch(run_id, rank, seq)
-            .expect("a table's columns are built together, of one length");
-        self.push_record_batch(rows.table(), run_id, batch);
     }
 
     fn push_record_batch(&mut self, table: Table, run_id: &str, batch: RecordBatch) {

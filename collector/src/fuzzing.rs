@@ -3,31 +3,45 @@
 //!
 //! [`agent_message`] takes the payload of one gRPC frame, as tonic hands it to the
 //! collector's decoder, and runs the collector's own code on it in the order a
-//! stream does: [`grpc::decode_agent_message`] (rows counted on the wire, then
-//! prost); [`validate::hello`] or [`validate::batch`]; the
-//! sequence check and buffering of [`Intake::admit`]; then what a commit does with
-//! the buffered rows: Arrow record batches ([`crate::table`]) encoded as Parquet
+//! stream does: [`grpc::decode_agent_message`] (rows counted on the wire, then the
+//! [`wire`] reader, straight into Arrow builders); [`validate::hello`] or the
+//! batch's own checks; the sequence check and buffering of [`Intake::admit`]; then
+//! what a commit does with the buffered rows: Parquet encoding
 //! ([`store::encode_parquet`]), into memory. No filesystem, no network, no tokio.
 //! [`hello`] and [`batch`] start from the inner messages, so a fuzzer spends its
 //! time past the envelope.
 //!
-//! Contract: none of them panics on any input, and every row of an accepted batch
-//! comes out of the Parquet encoding (checked here with assertions, so a fuzzer
-//! reports a lost row as a crash).
+//! Contract: none of them panics on any input; every row of an accepted batch
+//! comes out of the Parquet encoding; and the [`wire`] reader agrees with prost,
+//! the reference decoder: it accepts what prost accepts, refuses what prost
+//! refuses, finds the rows prost finds with the same values
+//! ([`reference_records`], prost's structs converted field by field) and refuses
+//! a batch for the value `validate::batch` names. These are assertions, so a
+//! fuzzer reports a lost row or a disagreement as a crash.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use prost::Message;
+use arrow::array::{
+    ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray, UInt32Array, UInt64Array,
+};
+use prost::Message as _;
+use rankscope_proto::MAX_ROWS_PER_BATCH;
 use rankscope_proto::v1::agent_message::Kind;
-use rankscope_proto::v1::{AgentMessage, Batch, Hello};
+use rankscope_proto::v1::{AgentMessage, Batch, Hello, RecordingMode};
 
 use crate::grpc;
 use crate::intake::{Admission, Intake};
 use crate::store;
+use crate::table::{self, Table};
 use crate::validate::{self, Invalid};
+use crate::wire::{self, DecodedBatch, Message};
 
 /// The run a fuzzed batch is filed under (a Hello precedes it on a real stream).
 const RUN_ID: &str = "fuzz";
+/// The rank it is filed under.
+const RANK: u32 = 0;
 /// Small row groups, so multi-group files are exercised too.
 const ROW_GROUP_ROWS: usize = 64;
 
@@ -49,27 +63,43 @@ pub enum Outcome {
 
 /// The full path of one `AgentMessage` payload.
 pub fn agent_message(bytes: &[u8]) -> Outcome {
+    let reference = AgentMessage::decode(bytes);
     match grpc::decode_agent_message(bytes) {
         Err(status) if status.code() == tonic::Code::InvalidArgument => {
             Outcome::Refused(status.message().to_string())
         }
-        Err(_) => Outcome::Undecodable,
-        Ok(AgentMessage { kind: None }) => Outcome::Empty,
-        Ok(AgentMessage {
-            kind: Some(Kind::Hello(h)),
-        }) => check_hello(&h),
-        Ok(AgentMessage {
-            kind: Some(Kind::Batch(b)),
-        }) => {
-            // The bound holds only if the wire count never falls short of what
-            // prost allocated.
-            let on_wire = grpc::batch_rows_on_wire(bytes).expect("decoded, so walkable");
+        Err(status) => {
             assert!(
-                on_wire >= b.rows(),
-                "{on_wire} rows counted, {} decoded",
-                b.rows()
+                reference.is_err(),
+                "refused ({}) what prost decodes: {reference:?}",
+                status.message()
             );
-            check_batch(b)
+            Outcome::Undecodable
+        }
+        Ok(decoded) => {
+            let reference =
+                reference.unwrap_or_else(|e| panic!("decoded what prost refuses ({e})"));
+            match (decoded, reference.kind) {
+                (Message::Empty, None) => Outcome::Empty,
+                (Message::Hello(h), Some(Kind::Hello(reference))) => {
+                    assert_eq!(h, reference);
+                    check_hello(&h)
+                }
+                (Message::Batch(b), Some(Kind::Batch(reference))) => {
+                    // The bound holds only if the wire count never falls short
+                    // of the rows decoded.
+                    let on_wire = grpc::batch_rows_on_wire(bytes).expect("decoded, so walkable");
+                    assert!(
+                        on_wire >= b.total_rows(),
+                        "{on_wire} rows counted, {} decoded",
+                        b.total_rows()
+                    );
+                    check_batch(b, &reference)
+                }
+                (decoded, reference) => {
+                    panic!("decoded {decoded:?}, prost decoded {reference:?}")
+                }
+            }
         }
     }
 }
@@ -82,11 +112,14 @@ pub fn hello(bytes: &[u8]) -> Outcome {
     }
 }
 
-/// A `Batch` payload: decode, validation, seq check, Arrow and Parquet.
+/// A `Batch` payload: decode (compared with prost's), validation, seq check, Arrow
+/// and Parquet.
 pub fn batch(bytes: &[u8]) -> Outcome {
-    match Batch::decode(bytes) {
-        Err(_) => Outcome::Undecodable,
-        Ok(b) => check_batch(b),
+    let capacity = [0; Table::ALL.len()];
+    match (wire::decode_batch(bytes, &capacity), Batch::decode(bytes)) {
+        (Err(_), Err(_)) => Outcome::Undecodable,
+        (Ok(b), Ok(reference)) => check_batch(b, &reference),
+        (ours, prost) => panic!("the reader and prost disagree: {ours:?} against {prost:?}"),
     }
 }
 
@@ -103,14 +136,40 @@ fn refused(invalid: Invalid) -> Outcome {
     Outcome::Refused(message)
 }
 
-fn check_batch(b: Batch) -> Outcome {
-    if let Err(invalid) = validate::batch(&b) {
-        return refused(invalid);
+/// The rest of a stream's path for a decoded batch, checked against `reference`,
+/// prost's decoding of the same bytes.
+fn check_batch(b: DecodedBatch, reference: &Batch) -> Outcome {
+    if reference.rows() > MAX_ROWS_PER_BATCH {
+        // Refused on the wire count before decoding on a stream; a bare Batch
+        // payload is refused here.
+        return refused(Invalid::TooManyRows(reference.rows()));
     }
-    let rows = b.rows();
+    assert_eq!(
+        validate::batch(reference).err().as_ref(),
+        b.invalid(),
+        "the reader's checks are validate::batch's"
+    );
+    for table in Table::ALL {
+        assert_eq!(
+            b.rows(table),
+            reference.table_rows(table),
+            "{}",
+            table.name()
+        );
+    }
+    if let Some(invalid) = b.invalid() {
+        return refused(invalid.clone());
+    }
+    let rows = b.total_rows();
+    let records = b.finish(RUN_ID, RANK);
+    assert_eq!(
+        records.tables,
+        reference_records(reference, RUN_ID, RANK),
+        "the reader's columns are prost's values"
+    );
     let intake = Intake::new(HashMap::new(), usize::MAX);
-    let key = (RUN_ID.to_string(), 0);
-    match intake.admit(&key, b) {
+    let key = (RUN_ID.to_string(), RANK);
+    match intake.admit(&key, records) {
         Err(seq) => return Outcome::Refused(seq.to_string()),
         Ok(Admission::Accepted) => {}
         Ok(other) => unreachable!("a first batch into an unbounded buffer: {other:?}"),
@@ -130,6 +189,169 @@ fn check_batch(b: Batch) -> Outcome {
     }
     assert_eq!(encoded_rows, rows, "every row reaches a file");
     Outcome::Batch { rows, files }
+}
+
+/// prost's rows of `batch`, converted to Arrow field by field from the generated
+/// structs: the reference the [`wire`] reader's columns are compared with. One
+/// record batch per table with rows, in [`Table::ALL`] order, as
+/// `DecodedBatch::finish` makes them.
+pub fn reference_records(batch: &Batch, run_id: &str, rank: u32) -> Vec<(Table, RecordBatch)> {
+    let seq = batch.seq;
+    let mut out = Vec::new();
+    for table in Table::ALL {
+        if batch.table_rows(table) == 0 {
+            continue;
+        }
+        let mut cols = Columns::default();
+        match table {
+            Table::Runs => {
+                let rows = &batch.runs;
+                cols.head(run_id, rank, seq, rows.len());
+                cols.time(rows, |r| Some(r.started_at));
+                cols.u32(rows, |r| Some(r.world_size));
+                cols.str(rows, |r| mode_label(r.mode));
+                cols.u32(rows, |r| Some(r.sample_every));
+                cols.u32(rows, |r| Some(r.max_rows));
+                cols.bool(rows, |r| r.centered);
+                cols.str(rows, |r| &r.layer_filter);
+                cols.str(rows, |r| &r.agent_version);
+                cols.str(rows, |r| &r.workload);
+            }
+            Table::Ranks => {
+                let rows = &batch.ranks;
+                cols.head(run_id, rank, seq, rows.len());
+                cols.u32(rows, |r| Some(r.local_rank));
+                cols.u32(rows, |r| Some(r.node_rank));
+                cols.u32(rows, |r| Some(r.world_size));
+                cols.str(rows, |r| &r.hostname);
+                cols.u32(rows, |r| Some(r.pid));
+                cols.str(rows, |r| mode_label(r.mode));
+                cols.time(rows, |r| Some(r.started_at));
+                cols.time(rows, |r| r.finished_at);
+            }
+            Table::Steps => {
+                let rows = &batch.steps;
+                cols.head(run_id, rank, seq, rows.len());
+                cols.u64(rows, |r| Some(r.step));
+                cols.time(rows, |r| Some(r.time));
+                cols.f64(rows, |r| Some(r.step_ms));
+                cols.f64(rows, |r| r.data_ms);
+                cols.f64(rows, |r| r.forward_ms);
+                cols.f64(rows, |r| r.backward_ms);
+                cols.f64(rows, |r| r.optimizer_ms);
+                cols.f64(rows, |r| r.loss);
+                cols.f64(rows, |r| r.grad_norm);
+                cols.f64(rows, |r| r.lr);
+                cols.u64(rows, |r| r.samples);
+                cols.f64(rows, |r| r.comm_ms);
+                cols.f64(rows, |r| Some(r.overhead_ms));
+                cols.u64(rows, |r| r.rss_bytes);
+                cols.u64(rows, |r| r.device_allocated_bytes);
+                cols.u64(rows, |r| r.device_reserved_bytes);
+                cols.u64(rows, |r| r.device_peak_bytes);
+            }
+            Table::Layers => {
+                let rows = &batch.layers;
+                cols.head(run_id, rank, seq, rows.len());
+                cols.u64(rows, |r| Some(r.step));
+                cols.time(rows, |r| Some(r.time));
+                cols.str(rows, |r| &r.layer);
+                cols.u32(rows, |r| Some(r.rows));
+                cols.u32(rows, |r| Some(r.cols));
+                cols.bool(rows, |r| r.centered);
+                cols.str(rows, |r| &r.conv_layout);
+                cols.str(rows, |r| &r.method);
+                cols.f64(rows, |r| r.stable_rank);
+                cols.f64(rows, |r| r.participation_ratio);
+                cols.f64(rows, |r| r.participation_ratio_sv);
+                cols.u32(rows, |r| r.cum_energy_90);
+                cols.f64(rows, |r| r.nuclear_norm_ratio);
+                cols.f64(rows, |r| r.effective_rank);
+                cols.f64(rows, |r| r.mean);
+                cols.f64(rows, |r| r.std);
+                cols.f64(rows, |r| r.zero_fraction);
+                cols.u64(rows, |r| Some(r.nonfinite));
+                cols.f64(rows, |r| Some(r.compute_ms));
+            }
+            Table::Model => {
+                let rows = &batch.model;
+                cols.head(run_id, rank, seq, rows.len());
+                cols.str(rows, |r| &r.layer);
+                cols.str(rows, |r| &r.kind);
+                cols.u64(rows, |r| Some(r.params));
+                cols.u64(rows, |r| Some(r.param_bytes));
+                cols.u64(rows, |r| Some(r.grad_bytes));
+                cols.u64(rows, |r| Some(r.optimizer_bytes));
+                cols.u64(rows, |r| Some(r.forward_flops));
+                cols.str(rows, |r| &r.output_shape);
+            }
+            Table::Events => {
+                let rows = &batch.events;
+                cols.head(run_id, rank, seq, rows.len());
+                cols.time(rows, |r| Some(r.time));
+                cols.str(rows, |r| &r.kind);
+                cols.str(rows, |r| &r.message);
+                cols.i64(rows, |r| r.value);
+                cols.u64(rows, |r| r.step);
+            }
+        }
+        let record_batch = RecordBatch::try_new(table::schema(table), cols.0)
+            .unwrap_or_else(|e| panic!("the reference columns of {}: {e}", table.name()));
+        out.push((table, record_batch));
+    }
+    out
+}
+
+fn mode_label(mode: i32) -> &'static str {
+    RecordingMode::try_from(mode).map_or("unknown", RecordingMode::label)
+}
+
+/// The reference's columns, in the order they are added.
+#[derive(Default)]
+struct Columns(Vec<ArrayRef>);
+
+impl Columns {
+    fn head(&mut self, run_id: &str, rank: u32, seq: u64, n: usize) {
+        let run: StringArray = std::iter::repeat_n(Some(run_id), n).collect();
+        self.0.push(Arc::new(run));
+        self.0.push(Arc::new(UInt32Array::from(vec![rank; n])));
+        self.0.push(Arc::new(UInt64Array::from(vec![seq; n])));
+    }
+
+    fn f64<R>(&mut self, rows: &[R], f: impl Fn(&R) -> Option<f64>) {
+        self.0
+            .push(Arc::new(rows.iter().map(f).collect::<Float64Array>()));
+    }
+
+    fn u64<R>(&mut self, rows: &[R], f: impl Fn(&R) -> Option<u64>) {
+        self.0
+            .push(Arc::new(rows.iter().map(f).collect::<UInt64Array>()));
+    }
+
+    fn i64<R>(&mut self, rows: &[R], f: impl Fn(&R) -> Option<i64>) {
+        self.0
+            .push(Arc::new(rows.iter().map(f).collect::<Int64Array>()));
+    }
+
+    fn u32<R>(&mut self, rows: &[R], f: impl Fn(&R) -> Option<u32>) {
+        self.0
+            .push(Arc::new(rows.iter().map(f).collect::<UInt32Array>()));
+    }
+
+    fn bool<R>(&mut self, rows: &[R], f: impl Fn(&R) -> bool) {
+        let a: BooleanArray = rows.iter().map(|r| Some(f(r))).collect();
+        self.0.push(Arc::new(a));
+    }
+
+    fn str<R>(&mut self, rows: &[R], f: impl Fn(&R) -> &str) {
+        let a: StringArray = rows.iter().map(|r| Some(f(r))).collect();
+        self.0.push(Arc::new(a));
+    }
+
+    fn time<R>(&mut self, rows: &[R], f: impl Fn(&R) -> Option<i64>) {
+        let a: TimestampMicrosecondArray = rows.iter().map(f).collect();
+        self.0.push(Arc::new(a.with_timezone("UTC")));
+    }
 }
 
 #[cfg(test)]
@@ -276,7 +498,7 @@ mod tests {
     }
 
     #[test]
-    fn an_explicit_negative_zero_keeps_its_sign_through_decode_and_arrow() {
+    fn an_explicit_negative_zero_keeps_its_sign_through_the_reader() {
         // StepRow.step_ms (field 3, fixed64) = -0.0, as spec-conforming encoders
         // send it (prost's own encoder drops it: tokio-rs/prost#1177).
         let mut row = vec![0x19];
@@ -285,8 +507,10 @@ mod tests {
         bytes.extend_from_slice(&row);
         let decoded = Batch::decode(&bytes[..]).unwrap();
         assert!(decoded.steps[0].step_ms.is_sign_negative());
-        let rows = crate::table::Rows::Steps(vec![decoded.steps[0]]);
-        let record_batch = rows.to_record_batch(RUN_ID, 0, 1).unwrap();
+        let decoded = wire::decode_batch(&bytes, &[0; Table::ALL.len()]).unwrap();
+        let records = decoded.finish(RUN_ID, 0);
+        let (table, record_batch) = &records.tables[0];
+        assert_eq!(*table, Table::Steps);
         let step_ms = record_batch
             .column_by_name("step_ms")
             .unwrap()

@@ -1,36 +1,38 @@
 //! The `rankscope.v1.Collector` route, served with a decoder that counts a
-//! batch's rows on the wire before prost allocates them.
+//! batch's rows on the wire before anything is allocated for them.
 //!
-//! Why not tonic's generated `CollectorServer`: prost builds every row of a message
+//! Why not tonic's generated `CollectorServer`: it decodes every row of a message
 //! before validation can look at it, and an empty row costs 2 bytes on the wire but
-//! about 240 in memory. One 16 MiB message of empty rows made the collector
-//! allocate about 1.8 GB (measured) before [`validate::batch`] refused it; a few
-//! such streams at once exhaust memory. The codec first walks the message's wire
-//! format (tags and lengths only, nothing allocated) and refuses a batch of more
-//! than [`MAX_ROWS_PER_BATCH`] rows with the status validation would give; it hands
-//! the stream an [`Undecoded`] message, which the stream decodes with prost only
-//! once it holds room for the rows (so 1,024 streams waiting for room hold encoded
-//! bytes, not decoded batches). Bytes whose structure the walk cannot
-//! follow are refused as malformed, never handed to prost unbounded. Everything
-//! else is what the generated server does: one streaming method, the configured
-//! message size limit, `UNIMPLEMENTED` for any other path.
+//! about 240 in memory as a prost struct. One 16 MiB message of empty rows made
+//! the collector allocate about 1.8 GB (measured) before validation refused it; a
+//! few such streams at once exhaust memory. The codec first walks the message's
+//! wire format (tags and lengths only, nothing allocated) and refuses a batch of
+//! more than [`MAX_ROWS_PER_BATCH`] rows with the status validation would give; it
+//! hands the stream an [`Undecoded`] message, which the stream decodes
+//! ([`crate::wire`], straight into Arrow builders sized from the count) only once
+//! it holds room for the rows (so 1,024 streams waiting for room hold encoded
+//! bytes, not decoded batches). Bytes whose structure the walk cannot follow are
+//! refused as malformed, never decoded. Everything else is what the generated
+//! server does: one streaming method, the configured message size limit,
+//! `UNIMPLEMENTED` for any other path.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use prost::Message;
 use rankscope_proto::MAX_ROWS_PER_BATCH;
+use rankscope_proto::v1::CollectorMessage;
 use rankscope_proto::v1::collector_server::SERVICE_NAME;
-use rankscope_proto::v1::{AgentMessage, CollectorMessage};
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::ProstEncoder;
 
+use crate::table::{MAX_ROW_BYTES, Table};
 use crate::validate::Invalid;
+use crate::wire::{self, Message, TableRows};
 
 /// The gRPC path of the one method.
 const STREAM_PATH: &str = "/rankscope.v1.Collector/Stream";
@@ -38,9 +40,9 @@ const STREAM_PATH: &str = "/rankscope.v1.Collector/Stream";
 const MAX_DEPTH: u32 = 100;
 
 /// Decodes one `AgentMessage` payload as the server does: rows counted first,
-/// then prost. `INVALID_ARGUMENT` for too many rows, `INTERNAL` (tonic's code for
+/// then [`wire`]. `INVALID_ARGUMENT` for too many rows, `INTERNAL` (tonic's code for
 /// undecodable bytes, which the service rewords) for anything malformed.
-pub fn decode_agent_message(bytes: &[u8]) -> Result<AgentMessage, Status> {
+pub fn decode_agent_message(bytes: &[u8]) -> Result<Message, Status> {
     Undecoded::check(Bytes::copy_from_slice(bytes))?.decode()
 }
 
@@ -51,68 +53,54 @@ pub fn decode_agent_message(bytes: &[u8]) -> Result<AgentMessage, Status> {
 #[derive(Debug)]
 pub struct Undecoded {
     bytes: Bytes,
-    rows: usize,
+    rows: TableRows,
 }
 
 impl Undecoded {
     /// Counts the rows of `bytes`; refuses what [`decode_agent_message`] refuses
-    /// before prost runs.
+    /// before decoding.
     pub fn check(bytes: Bytes) -> Result<Undecoded, Status> {
-        let rows = batch_rows_on_wire(&bytes)
+        let rows = table_rows_on_wire(&bytes)
             .map_err(|why| Status::internal(format!("failed to decode Protobuf message: {why}")))?;
-        if rows > MAX_ROWS_PER_BATCH {
+        let total = rows.iter().sum();
+        if total > MAX_ROWS_PER_BATCH {
             return Err(Status::invalid_argument(
-                Invalid::TooManyRows(rows).to_string(),
+                Invalid::TooManyRows(total).to_string(),
             ));
         }
         Ok(Undecoded { bytes, rows })
     }
 
     /// An upper estimate of the memory the decoded message takes: every row at
-    /// the size of the largest row type, plus the encoded bytes (which bound its
-    /// strings).
+    /// the Arrow size of the widest table's row ([`MAX_ROW_BYTES`]), plus the
+    /// encoded bytes (which bound its strings).
     pub fn decoded_bytes(&self) -> usize {
-        self.rows * LARGEST_ROW_BYTES + self.bytes.len()
+        self.rows.iter().sum::<usize>() * MAX_ROW_BYTES + self.bytes.len()
     }
 
-    /// Decodes with prost; `INTERNAL` (as tonic words it) for malformed bytes.
-    pub fn decode(self) -> Result<AgentMessage, Status> {
-        AgentMessage::decode(self.bytes).map_err(|e| Status::internal(e.to_string()))
+    /// Decodes the message, its batch into Arrow builders with room for the rows
+    /// counted; `INTERNAL` (as tonic words it) for malformed bytes.
+    pub fn decode(self) -> Result<Message, Status> {
+        wire::decode_agent_message(&self.bytes, &self.rows)
+            .map_err(|e| Status::internal(e.to_string()))
     }
 }
-
-/// The in-memory size of the largest row type.
-const LARGEST_ROW_BYTES: usize = {
-    use rankscope_proto::v1::{EventRow, LayerRow, ModelRow, RankRow, RunRow, StepRow};
-    let sizes = [
-        std::mem::size_of::<RunRow>(),
-        std::mem::size_of::<RankRow>(),
-        std::mem::size_of::<StepRow>(),
-        std::mem::size_of::<LayerRow>(),
-        std::mem::size_of::<ModelRow>(),
-        std::mem::size_of::<EventRow>(),
-    ];
-    let mut largest = 0;
-    let mut i = 0;
-    while i < sizes.len() {
-        if sizes[i] > largest {
-            largest = sizes[i];
-        }
-        i += 1;
-    }
-    largest
-};
 
 /// Rows (entries of `Batch` fields 3 to 8) in every `batch` (field 2) of an
 /// `AgentMessage`'s bytes: occurrences of a message field are merged by decoders,
 /// so they add up. `Err` when the wire structure cannot be followed.
 pub fn batch_rows_on_wire(bytes: &[u8]) -> Result<usize, &'static str> {
-    let mut rows = 0;
+    table_rows_on_wire(bytes).map(|rows| rows.iter().sum())
+}
+
+/// [`batch_rows_on_wire`] per table.
+fn table_rows_on_wire(bytes: &[u8]) -> Result<TableRows, &'static str> {
+    let mut rows = [0; Table::ALL.len()];
     fields(bytes, 0, &mut |field, payload| {
         if field == 2 {
             fields(payload, 0, &mut |field, _| {
-                if (3..=8).contains(&field) {
-                    rows += 1;
+                if let Some(table) = u32::try_from(field).ok().and_then(Table::of_batch_field) {
+                    rows[table.index()] += 1;
                 }
                 Ok(())
             })?;
@@ -322,8 +310,9 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message as _;
     use rankscope_proto::v1::agent_message::Kind;
-    use rankscope_proto::v1::{Batch, EventRow, Hello, StepRow};
+    use rankscope_proto::v1::{AgentMessage, Batch, EventRow, Hello, StepRow};
 
     fn batch_bytes(b: Batch) -> Vec<u8> {
         AgentMessage {
@@ -346,12 +335,15 @@ mod tests {
             ],
             ..Default::default()
         };
-        let bytes = batch_bytes(b.clone());
+        let bytes = batch_bytes(b);
         assert_eq!(batch_rows_on_wire(&bytes), Ok(9));
-        assert_eq!(
-            decode_agent_message(&bytes).unwrap().kind,
-            Some(Kind::Batch(b))
-        );
+        assert_eq!(table_rows_on_wire(&bytes), Ok([0, 0, 7, 0, 0, 2]));
+        let Ok(Message::Batch(decoded)) = decode_agent_message(&bytes) else {
+            panic!("a batch decodes");
+        };
+        assert_eq!(decoded.seq, 3);
+        assert_eq!(decoded.rows(Table::Steps), 7);
+        assert_eq!(decoded.rows(Table::Events), 2);
         let hello = AgentMessage {
             kind: Some(Kind::Hello(Hello::default())),
         };

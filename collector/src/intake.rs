@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use rankscope_proto::v1::{Batch, Hello, RankRow};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 
-use crate::buffer::{Pending, RankKey};
-use crate::table::Rows;
+use crate::buffer::{BatchRecords, Pending, RankKey};
+use crate::wire;
 
 /// How far past the highest accepted `seq` a batch may jump before it is refused
 /// as absurd.
@@ -34,7 +34,7 @@ pub enum Admission {
     /// Already held (resent after a reconnect): dropped.
     Duplicate,
     /// The buffer is over its bound: try again after the next commit.
-    Full(Batch),
+    Full(BatchRecords),
 }
 
 /// A batch refused for its sequence number.
@@ -160,7 +160,7 @@ impl Intake {
     }
 
     /// Deduplicates and buffers one batch of `key`'s rank.
-    pub fn admit(&self, key: &RankKey, batch: Batch) -> Result<Admission, SeqError> {
+    pub fn admit(&self, key: &RankKey, batch: BatchRecords) -> Result<Admission, SeqError> {
         let mut inner = self.lock();
         let accepted = inner.ranks.get(key).map_or(0, |s| s.accepted);
         if batch.seq == 0 {
@@ -253,9 +253,12 @@ impl Intake {
         }
         let n = rows.len();
         for (run_id, rank, row) in rows {
-            inner
-                .pending
-                .push_rows(&run_id, rank, 0, Rows::Ranks(vec![row]));
+            let batch = Batch {
+                ranks: vec![row],
+                ..Default::default()
+            };
+            let records = wire::own_rows(&batch, &run_id, rank);
+            inner.pending.push_rows(&run_id, records);
         }
         n
     }
@@ -265,10 +268,11 @@ impl Intake {
 mod tests {
     use super::*;
 
-    fn batch(seq: u64) -> Batch {
-        Batch {
+    fn batch(seq: u64) -> BatchRecords {
+        BatchRecords {
             seq,
-            ..Default::default()
+            is_final: false,
+            tables: Vec::new(),
         }
     }
 
@@ -302,7 +306,11 @@ mod tests {
         let intake = Intake::new(HashMap::new(), 1);
         let key = ("run".to_string(), 0);
         let mut b = batch(1);
-        b.steps.push(Default::default());
+        let steps = Batch {
+            steps: vec![Default::default()],
+            ..Default::default()
+        };
+        b.tables = wire::own_rows(&steps, "run", 0);
         assert_eq!(intake.admit(&key, b), Ok(Admission::Accepted));
         assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Full(batch(2))));
         // The rows of a commit in progress still count against the bound.

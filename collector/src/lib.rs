@@ -10,10 +10,12 @@
 //! - [`validate`]: checks on everything that arrives from the network;
 //! - [`grpc`]: the gRPC route, with a decoder that bounds a batch's rows before
 //!   allocating them;
+//! - [`wire`]: the protobuf reader that decodes a batch straight into Arrow
+//!   builders;
 //! - [`service`]: the gRPC service, one task per rank stream;
 //! - [`intake`]: accepted rows and the per-(run, rank) sequence watermarks (dedup);
 //! - [`buffer`]: rows waiting for the next commit, grouped by (table, run);
-//! - [`table`]: the six tables and their Arrow columns;
+//! - [`table`]: the six tables' columns and their Arrow builders;
 //! - [`committer`]: when buffered rows become files;
 //! - [`store`]: the output directory, atomic commits and crash recovery;
 //! - [`space`]: free space on the output filesystem, the `--min-free-bytes` floor;
@@ -37,6 +39,7 @@ pub mod store;
 pub mod table;
 pub mod tls;
 pub mod validate;
+pub mod wire;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -15,9 +15,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::Stream;
-use rankscope_proto::v1::agent_message::Kind as AgentKind;
 use rankscope_proto::v1::collector_message::Kind as CollectorKind;
-use rankscope_proto::v1::{Ack, AgentMessage, Batch, CollectorMessage, Hello, Welcome};
+use rankscope_proto::v1::{Ack, CollectorMessage, Hello, Welcome};
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -27,6 +26,7 @@ use crate::intake::{Admission, Intake};
 use crate::ops::metrics::{BatchRows, Refusal, RefusalCounts, RowCounts};
 use crate::space::SpaceGuard;
 use crate::validate::{self, Invalid};
+use crate::wire::{DecodedBatch, Message};
 
 /// How long a new stream may take to send its Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -171,9 +171,7 @@ impl StreamService for CollectorService {
                 }
                 return Err(from_agent(status));
             }
-            Ok(Ok(Some(AgentMessage {
-                kind: Some(AgentKind::Hello(hello)),
-            }))) => hello,
+            Ok(Ok(Some(Message::Hello(hello)))) => hello,
             Ok(Ok(_)) => {
                 self.counters.refuse(Refusal::Malformed);
                 return Err(Status::invalid_argument(
@@ -294,9 +292,7 @@ impl StreamTask {
         .map_err(|_| self.buffer_full())?;
         let message = undecoded.decode().map_err(|s| self.refused(s))?;
         let result = match message {
-            AgentMessage {
-                kind: Some(AgentKind::Batch(batch)),
-            } => self.batch(batch).await,
+            Message::Batch(batch) => self.batch(batch).await,
             _ => {
                 self.counters.refuse(Refusal::Malformed);
                 Err(Status::invalid_argument(
@@ -326,19 +322,19 @@ impl StreamTask {
         from_agent(status)
     }
 
-    async fn batch(&mut self, batch: Batch) -> Result<(), Status> {
-        validate::batch(&batch).map_err(|invalid| {
+    async fn batch(&mut self, batch: DecodedBatch) -> Result<(), Status> {
+        if let Some(invalid) = batch.invalid() {
             self.counters.refuse(Refusal::Invalid);
-            refuse(invalid)
-        })?;
+            return Err(refuse(invalid.clone()));
+        }
         self.space.check().map_err(|low| {
             self.counters.refuse(Refusal::LowDisk);
             Status::resource_exhausted(low.to_string())
         })?;
-        let (seq, is_final) = (batch.seq, batch.r#final);
+        let (seq, is_final) = (batch.seq, batch.is_final);
         let rows = BatchRows::of(&batch);
         let mut waited = Duration::ZERO;
-        let mut batch = batch;
+        let mut batch = batch.finish(&self.key.0, self.key.1);
         loop {
             let admission = self.intake.admit(&self.key, batch).map_err(|e| {
                 self.counters.refuse(Refusal::Invalid);

@@ -71,7 +71,7 @@ use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
 use crate::buffer::{Pending, RankKey};
-use crate::table::{Rows, Table};
+use crate::table::{self, Table};
 
 /// Why a commit or recovery failed.
 #[derive(Debug, thiserror::Error)]
@@ -164,7 +164,7 @@ pub fn encode_parquet<W: Write + Send>(
     batches: &[RecordBatch],
     row_group_rows: usize,
 ) -> Result<W, ParquetError> {
-    let schema = Rows::schema(table);
+    let schema = table::schema(table);
     let props = writer_properties(&schema, row_group_rows);
     let mut writer = ArrowWriter::try_new(sink, schema, Some(props))?;
     for batch in batches {
@@ -544,10 +544,12 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::buffer::BatchRecords;
     use rankscope_proto::v1::{Batch, StepRow};
 
-    fn batch(seq: u64, steps: u64) -> Batch {
-        Batch {
+    /// Batch `seq` of `rank` of run "run", with `steps` step rows.
+    fn batch(rank: u32, seq: u64, steps: u64) -> BatchRecords {
+        let batch = Batch {
             seq,
             steps: (0..steps)
                 .map(|step| StepRow {
@@ -557,7 +559,11 @@ mod tests {
                 })
                 .collect(),
             ..Default::default()
-        }
+        };
+        let bytes = prost::Message::encode_to_vec(&batch);
+        crate::wire::decode_batch(&bytes, &[0; Table::ALL.len()])
+            .expect("prost's encoding decodes")
+            .finish("run", rank)
     }
 
     fn parquet_files(dir: &Path) -> Vec<PathBuf> {
@@ -575,8 +581,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), 1000).unwrap();
         let mut p = Pending::default();
-        p.push_batch("run", 0, batch(1, 10));
-        p.push_batch("run", 1, batch(4, 5));
+        p.push_batch("run", 0, batch(0, 1, 10));
+        p.push_batch("run", 1, batch(1, 4, 5));
         let summary = store.commit(&p).unwrap();
         assert_eq!(summary.rows, 15);
         assert_eq!(p.watermarks()[&("run".into(), 1)], 4);
@@ -595,7 +601,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), 1000).unwrap();
         let mut p = Pending::default();
-        p.push_batch("run", 2, batch(9, 3));
+        p.push_batch("run", 2, batch(2, 9, 3));
         store.commit(&p).unwrap();
         // Simulate a crash between the commit point and the rename.
         let fin = parquet_files(dir.path()).pop().unwrap();
@@ -625,7 +631,7 @@ mod tests {
         let squatter = folder.join(format!("part-{}-000000-0.parquet", store.epoch));
         fs::create_dir_all(squatter.join("inside")).unwrap();
         let mut p = Pending::default();
-        p.push_batch("run", 0, batch(1, 10));
+        p.push_batch("run", 0, batch(0, 1, 10));
         // Committed: the watermark is durable, so the rows must not be retried
         // (a retry would store them twice once the rename succeeds).
         assert_eq!(store.commit(&p).unwrap().rows, 10);
@@ -634,7 +640,7 @@ mod tests {
 
         fs::remove_dir_all(&squatter).unwrap();
         let mut next = Pending::default();
-        next.push_batch("run", 0, batch(2, 5));
+        next.push_batch("run", 0, batch(0, 2, 5));
         store.commit(&next).unwrap();
         assert!(!tmp.exists(), "the earlier rename was retried");
         let mut rows = 0;
@@ -703,7 +709,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), 4).unwrap();
         let mut p = Pending::default();
-        p.push_batch("run", 0, batch(1, 10));
+        p.push_batch("run", 0, batch(0, 1, 10));
         store.commit(&p).unwrap();
         let f = parquet_files(dir.path()).pop().unwrap();
         use parquet::file::reader::FileReader;

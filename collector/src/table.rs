@@ -1,282 +1,461 @@
-//! The six tables as the collector buffers them ([`Rows`]) and how their rows become
-//! Arrow record batches. The table names and the rows of a `Batch` are
-//! `rankscope-proto`'s ([`Table`]); every match over the six kinds of buffered rows
-//! is in this module.
+//! The columns of the six tables, and the Arrow builders the wire decoder
+//! ([`crate::wire`]) fills. The table names and the `Batch` fields that carry their
+//! rows are `rankscope-proto`'s ([`Table`]); every column of every table is listed
+//! here, once ([`columns`]).
 //!
 //! Every table starts with the same three columns, `run_id`, `rank` and `seq` (the
 //! batch sequence number the row travelled in; 0 for rows the collector wrote
 //! itself). The other columns carry the names of the proto fields one for one, so a
-//! column means the same thing in the protocol, the Parquet files and the docs.
+//! column means the same thing in the protocol, the Parquet files and the docs; a
+//! test checks the lists against the `.proto` file, and another checks the decoded
+//! values against prost's decoding of the same bytes.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow::array::{
-    ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
-    TimestampMicrosecondArray, UInt32Array, UInt64Array,
+    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch, StringBuilder,
+    TimestampMicrosecondBuilder, UInt32Array, UInt32Builder, UInt64Array, UInt64Builder,
 };
-use arrow::datatypes::{Field, Schema, SchemaRef};
-use arrow::error::ArrowError;
-use rankscope_proto::v1::{
-    Batch, EventRow, LayerRow, ModelRow, RankRow, RecordingMode, RunRow, StepRow,
-};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use rankscope_proto::v1::RecordingMode;
+use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES, MAX_RUN_ID_LEN};
+
+use crate::validate::{self, Invalid};
 
 pub use rankscope_proto::Table;
 
-/// Buffered rows of one table of one run, all from one batch (so of one rank
-/// and one `seq`).
-#[derive(Debug, Clone)]
-pub enum Rows {
-    Runs(Vec<RunRow>),
-    Ranks(Vec<RankRow>),
-    Steps(Vec<StepRow>),
-    Layers(Vec<LayerRow>),
-    Model(Vec<ModelRow>),
-    Events(Vec<EventRow>),
+/// How a proto field's value becomes a column value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `uint64`, as `UInt64`.
+    U64,
+    /// `uint32`, as `UInt32`.
+    U32,
+    /// `int64`, as `Int64`.
+    I64,
+    /// `int64` microseconds since the Unix epoch, as a UTC timestamp.
+    Time,
+    /// `double`, as `Float64`.
+    F64,
+    /// `bool`, as `Boolean`.
+    Bool,
+    /// `string`, as `Utf8`.
+    Str,
+    /// The `RecordingMode` enum, as its label (`full`, `rank0`, ...; `unknown`
+    /// for a number the collector does not know).
+    Mode,
 }
 
-/// Runs `$body` on the vector of rows whatever its table: the one place that
-/// lists the six variants for code that does not depend on the row type.
-macro_rules! each_table {
-    ($rows:expr, $v:ident => $body:expr) => {
-        match $rows {
-            Rows::Runs($v) => $body,
-            Rows::Ranks($v) => $body,
-            Rows::Steps($v) => $body,
-            Rows::Layers($v) => $body,
-            Rows::Model($v) => $body,
-            Rows::Events($v) => $body,
+impl Kind {
+    /// The protobuf wire type the field is sent with (0 varint, 1 fixed64, 2
+    /// length-delimited).
+    pub const fn wire_type(self) -> u8 {
+        match self {
+            Kind::F64 => 1,
+            Kind::Str => 2,
+            _ => 0,
         }
+    }
+
+    fn data_type(self) -> DataType {
+        match self {
+            Kind::U64 => DataType::UInt64,
+            Kind::U32 => DataType::UInt32,
+            Kind::I64 => DataType::Int64,
+            Kind::Time => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            Kind::F64 => DataType::Float64,
+            Kind::Bool => DataType::Boolean,
+            Kind::Str | Kind::Mode => DataType::Utf8,
+        }
+    }
+
+    /// Bytes per row of the column's Arrow buffers (values, offsets, validity),
+    /// string contents aside.
+    const fn row_bytes(self) -> usize {
+        match self {
+            Kind::U64 | Kind::I64 | Kind::Time | Kind::F64 => 9,
+            Kind::U32 | Kind::Str | Kind::Mode => 5,
+            Kind::Bool => 1,
+        }
+    }
+}
+
+/// What the collector checks in a string column before it accepts a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    None,
+    /// At most [`MAX_LABEL_BYTES`], no control characters.
+    Label,
+    /// At most [`MAX_EVENT_MESSAGE_BYTES`].
+    EventMessage,
+}
+
+/// One column of a table: the proto field it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Column {
+    /// The column's name, which is the proto field's.
+    pub name: &'static str,
+    /// The proto field number.
+    pub field: u32,
+    pub kind: Kind,
+    /// A proto3 `optional` field: null when absent (other fields read as their
+    /// default, 0, "" or false).
+    pub optional: bool,
+    pub check: Check,
+}
+
+const fn col(name: &'static str, field: u32, kind: Kind) -> Column {
+    let check = match kind {
+        Kind::Str => Check::Label,
+        _ => Check::None,
     };
+    Column {
+        name,
+        field,
+        kind,
+        optional: false,
+        check,
+    }
 }
 
-impl Rows {
-    pub fn empty(table: Table) -> Rows {
-        match table {
-            Table::Runs => Rows::Runs(Vec::new()),
-            Table::Ranks => Rows::Ranks(Vec::new()),
-            Table::Steps => Rows::Steps(Vec::new()),
-            Table::Layers => Rows::Layers(Vec::new()),
-            Table::Model => Rows::Model(Vec::new()),
-            Table::Events => Rows::Events(Vec::new()),
+const fn opt(name: &'static str, field: u32, kind: Kind) -> Column {
+    Column {
+        optional: true,
+        ..col(name, field, kind)
+    }
+}
+
+use Kind::{Bool, F64, I64, Mode, Str, Time, U32, U64};
+
+const RUNS: &[Column] = &[
+    col("started_at", 1, Time),
+    col("world_size", 2, U32),
+    col("mode", 3, Mode),
+    col("sample_every", 4, U32),
+    col("max_rows", 5, U32),
+    col("centered", 6, Bool),
+    col("layer_filter", 7, Str),
+    col("agent_version", 8, Str),
+    col("workload", 9, Str),
+];
+
+const RANKS: &[Column] = &[
+    col("local_rank", 1, U32),
+    col("node_rank", 2, U32),
+    col("world_size", 3, U32),
+    col("hostname", 4, Str),
+    col("pid", 5, U32),
+    col("mode", 6, Mode),
+    col("started_at", 7, Time),
+    opt("finished_at", 8, Time),
+];
+
+const STEPS: &[Column] = &[
+    col("step", 1, U64),
+    col("time", 2, Time),
+    col("step_ms", 3, F64),
+    opt("data_ms", 4, F64),
+    opt("forward_ms", 5, F64),
+    opt("backward_ms", 6, F64),
+    opt("optimizer_ms", 7, F64),
+    opt("loss", 8, F64),
+    opt("grad_norm", 9, F64),
+    opt("lr", 10, F64),
+    opt("samples", 11, U64),
+    opt("comm_ms", 17, F64),
+    col("overhead_ms", 12, F64),
+    opt("rss_bytes", 13, U64),
+    opt("device_allocated_bytes", 14, U64),
+    opt("device_reserved_bytes", 15, U64),
+    opt("device_peak_bytes", 16, U64),
+];
+
+const LAYERS: &[Column] = &[
+    col("step", 1, U64),
+    col("time", 2, Time),
+    col("layer", 3, Str),
+    col("rows", 4, U32),
+    col("cols", 5, U32),
+    col("centered", 6, Bool),
+    col("conv_layout", 18, Str),
+    col("method", 19, Str),
+    opt("stable_rank", 7, F64),
+    opt("participation_ratio", 8, F64),
+    opt("participation_ratio_sv", 9, F64),
+    opt("cum_energy_90", 10, U32),
+    opt("nuclear_norm_ratio", 11, F64),
+    opt("effective_rank", 12, F64),
+    opt("mean", 13, F64),
+    opt("std", 14, F64),
+    opt("zero_fraction", 15, F64),
+    col("nonfinite", 16, U64),
+    col("compute_ms", 17, F64),
+];
+
+const MODEL: &[Column] = &[
+    col("layer", 1, Str),
+    col("kind", 2, Str),
+    col("params", 3, U64),
+    col("param_bytes", 4, U64),
+    col("grad_bytes", 5, U64),
+    col("optimizer_bytes", 6, U64),
+    col("forward_flops", 7, U64),
+    col("output_shape", 8, Str),
+];
+
+const EVENTS: &[Column] = &[
+    col("time", 1, Time),
+    col("kind", 2, Str),
+    Column {
+        check: Check::EventMessage,
+        ..col("message", 3, Str)
+    },
+    opt("value", 4, I64),
+    opt("step", 5, U64),
+];
+
+/// The columns of `table` after the three head columns, in file order. The
+/// checks of a row run in this order, as do the tables' in [`CHECK_ORDER`].
+pub const fn columns(table: Table) -> &'static [Column] {
+    match table {
+        Table::Runs => RUNS,
+        Table::Ranks => RANKS,
+        Table::Steps => STEPS,
+        Table::Layers => LAYERS,
+        Table::Model => MODEL,
+        Table::Events => EVENTS,
+    }
+}
+
+/// The order in which a batch's tables are checked: a batch with bad values in
+/// several tables is refused for the first of them in this order.
+pub const CHECK_ORDER: [Table; 6] = [
+    Table::Layers,
+    Table::Model,
+    Table::Events,
+    Table::Runs,
+    Table::Ranks,
+    Table::Steps,
+];
+
+/// One past the highest field number of any row message.
+pub const MAX_FIELD: usize = 20;
+
+/// An upper bound of the Arrow memory one decoded row takes, string contents
+/// aside (the message's size bounds those): the largest table's columns, and
+/// the head columns with the longest run id.
+pub const MAX_ROW_BYTES: usize = {
+    let mut largest = 0;
+    let mut t = 0;
+    while t < Table::ALL.len() {
+        let cols = columns(Table::ALL[t]);
+        let mut bytes = 0;
+        let mut i = 0;
+        while i < cols.len() {
+            bytes += cols[i].kind.row_bytes();
+            i += 1;
+        }
+        if bytes > largest {
+            largest = bytes;
+        }
+        t += 1;
+    }
+    // run_id (offset and contents), rank, seq.
+    largest + 4 + MAX_RUN_ID_LEN + 4 + 8
+};
+
+/// The Arrow schema of `table`'s files.
+pub fn schema(table: Table) -> SchemaRef {
+    static SCHEMAS: OnceLock<Vec<SchemaRef>> = OnceLock::new();
+    SCHEMAS.get_or_init(|| Table::ALL.map(build_schema).to_vec())[table.index()].clone()
+}
+
+fn build_schema(table: Table) -> SchemaRef {
+    let mut fields = vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("rank", DataType::UInt32, false),
+        Field::new("seq", DataType::UInt64, false),
+    ];
+    for c in columns(table) {
+        let nullable = !matches!(c.kind, Kind::Bool | Kind::Str | Kind::Mode);
+        fields.push(Field::new(c.name, c.kind.data_type(), nullable));
+    }
+    Arc::new(Schema::new(fields))
+}
+
+/// The fields of one row as read from the wire, indexed by field number: the
+/// last occurrence of a field wins, as in any protobuf decoder.
+#[derive(Debug, Clone, Copy)]
+pub struct RowValues<'a> {
+    /// Varint and fixed64 values, as their 64 bits.
+    pub numbers: [u64; MAX_FIELD],
+    pub strings: [&'a str; MAX_FIELD],
+    /// Bit `f` set: field `f` was present.
+    pub present: u32,
+}
+
+impl Default for RowValues<'_> {
+    fn default() -> Self {
+        RowValues {
+            numbers: [0; MAX_FIELD],
+            strings: [""; MAX_FIELD],
+            present: 0,
+        }
+    }
+}
+
+impl RowValues<'_> {
+    /// Back to no fields present (only the fields that were are reset).
+    pub fn clear(&mut self) {
+        let mut present = self.present;
+        while present != 0 {
+            let f = present.trailing_zeros() as usize;
+            self.numbers[f] = 0;
+            self.strings[f] = "";
+            present &= present - 1;
+        }
+        self.present = 0;
+    }
+}
+
+/// The Arrow builder of one column.
+#[derive(Debug)]
+enum Builder {
+    U64(UInt64Builder),
+    U32(UInt32Builder),
+    I64(Int64Builder),
+    Time(TimestampMicrosecondBuilder),
+    F64(Float64Builder),
+    Bool(BooleanBuilder),
+    Str(StringBuilder),
+}
+
+impl Builder {
+    fn new(kind: Kind, rows: usize) -> Builder {
+        match kind {
+            Kind::U64 => Builder::U64(UInt64Builder::with_capacity(rows)),
+            Kind::U32 => Builder::U32(UInt32Builder::with_capacity(rows)),
+            Kind::I64 => Builder::I64(Int64Builder::with_capacity(rows)),
+            Kind::Time => {
+                Builder::Time(TimestampMicrosecondBuilder::with_capacity(rows).with_timezone("UTC"))
+            }
+            Kind::F64 => Builder::F64(Float64Builder::with_capacity(rows)),
+            Kind::Bool => Builder::Bool(BooleanBuilder::with_capacity(rows)),
+            // Label-sized strings: 16 bytes a row to start with.
+            Kind::Str | Kind::Mode => Builder::Str(StringBuilder::with_capacity(rows, rows * 16)),
         }
     }
 
-    /// The rows of every table of `batch`; tables the batch has no rows for are
-    /// left out.
-    pub fn split(batch: Batch) -> impl Iterator<Item = Rows> {
-        let Batch {
-            runs,
-            ranks,
-            steps,
-            layers,
-            model,
-            events,
-            ..
-        } = batch;
-        [
-            Rows::Runs(runs),
-            Rows::Ranks(ranks),
-            Rows::Steps(steps),
-            Rows::Layers(layers),
-            Rows::Model(model),
-            Rows::Events(events),
-        ]
-        .into_iter()
-        .filter(|rows| !rows.is_empty())
+    fn finish(&mut self) -> ArrayRef {
+        match self {
+            Builder::U64(b) => Arc::new(b.finish()),
+            Builder::U32(b) => Arc::new(b.finish()),
+            Builder::I64(b) => Arc::new(b.finish()),
+            Builder::Time(b) => Arc::new(b.finish()),
+            Builder::F64(b) => Arc::new(b.finish()),
+            Builder::Bool(b) => Arc::new(b.finish()),
+            Builder::Str(b) => Arc::new(b.finish()),
+        }
+    }
+}
+
+/// The rows of one table of one batch, as they are decoded: Arrow builders, and
+/// the first value that breaks a limit.
+#[derive(Debug)]
+pub struct TableBuilder {
+    table: Table,
+    builders: Vec<Builder>,
+    rows: usize,
+    invalid: Option<Invalid>,
+}
+
+impl TableBuilder {
+    /// Builders for `rows` rows of `table` (more may be appended).
+    pub fn new(table: Table, rows: usize) -> TableBuilder {
+        TableBuilder {
+            table,
+            builders: columns(table)
+                .iter()
+                .map(|c| Builder::new(c.kind, rows))
+                .collect(),
+            rows: 0,
+            invalid: None,
+        }
     }
 
-    /// The table the rows belong to.
     pub fn table(&self) -> Table {
-        match self {
-            Rows::Runs(_) => Table::Runs,
-            Rows::Ranks(_) => Table::Ranks,
-            Rows::Steps(_) => Table::Steps,
-            Rows::Layers(_) => Table::Layers,
-            Rows::Model(_) => Table::Model,
-            Rows::Events(_) => Table::Events,
-        }
+        self.table
     }
 
-    pub fn len(&self) -> usize {
-        each_table!(self, v => v.len())
+    pub fn rows(&self) -> usize {
+        self.rows
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// The first value of these rows that breaks a limit, in row order, then
+    /// column order.
+    pub fn invalid(&self) -> Option<&Invalid> {
+        self.invalid.as_ref()
     }
 
-    /// The Arrow schema of `table`'s files.
-    pub fn schema(table: Table) -> SchemaRef {
-        Rows::empty(table)
-            .to_record_batch("", 0, 0)
-            .expect("no rows convert")
-            .schema()
-    }
-
-    /// Converts the rows, sent by `rank` in batch `seq` (0: written by the
-    /// collector itself), to one record batch of `run_id`'s table.
-    pub fn to_record_batch(
-        &self,
-        run_id: &str,
-        rank: u32,
-        seq: u64,
-    ) -> Result<RecordBatch, ArrowError> {
-        let mut cols = Columns::default();
-        match self {
-            Rows::Runs(rows) => {
-                cols.head(run_id, rank, seq, rows.len());
-                cols.time("started_at", rows, |r| Some(r.started_at));
-                cols.u32("world_size", rows, |r| Some(r.world_size));
-                cols.str("mode", rows, |r| mode_label(r.mode));
-                cols.u32("sample_every", rows, |r| Some(r.sample_every));
-                cols.u32("max_rows", rows, |r| Some(r.max_rows));
-                cols.bool("centered", rows, |r| r.centered);
-                cols.str("layer_filter", rows, |r| &r.layer_filter);
-                cols.str("agent_version", rows, |r| &r.agent_version);
-                cols.str("workload", rows, |r| &r.workload);
-            }
-            Rows::Ranks(rows) => {
-                cols.head(run_id, rank, seq, rows.len());
-                cols.u32("local_rank", rows, |r| Some(r.local_rank));
-                cols.u32("node_rank", rows, |r| Some(r.node_rank));
-                cols.u32("world_size", rows, |r| Some(r.world_size));
-                cols.str("hostname", rows, |r| &r.hostname);
-                cols.u32("pid", rows, |r| Some(r.pid));
-                cols.str("mode", rows, |r| mode_label(r.mode));
-                cols.time("started_at", rows, |r| Some(r.started_at));
-                cols.time("finished_at", rows, |r| r.finished_at);
-            }
-            Rows::Steps(rows) => {
-                cols.head(run_id, rank, seq, rows.len());
-                cols.u64("step", rows, |r| Some(r.step));
-                cols.time("time", rows, |r| Some(r.time));
-                cols.f64("step_ms", rows, |r| Some(r.step_ms));
-                cols.f64("data_ms", rows, |r| r.data_ms);
-                cols.f64("forward_ms", rows, |r| r.forward_ms);
-                cols.f64("backward_ms", rows, |r| r.backward_ms);
-                cols.f64("optimizer_ms", rows, |r| r.optimizer_ms);
-                cols.f64("loss", rows, |r| r.loss);
-                cols.f64("grad_norm", rows, |r| r.grad_norm);
-                cols.f64("lr", rows, |r| r.lr);
-                cols.u64("samples", rows, |r| r.samples);
-                cols.f64("comm_ms", rows, |r| r.comm_ms);
-                cols.f64("overhead_ms", rows, |r| Some(r.overhead_ms));
-                cols.u64("rss_bytes", rows, |r| r.rss_bytes);
-                cols.u64("device_allocated_bytes", rows, |r| r.device_allocated_bytes);
-                cols.u64("device_reserved_bytes", rows, |r| r.device_reserved_bytes);
-                cols.u64("device_peak_bytes", rows, |r| r.device_peak_bytes);
-            }
-            Rows::Layers(rows) => {
-                cols.head(run_id, rank, seq, rows.len());
-                cols.u64("step", rows, |r| Some(r.step));
-                cols.time("time", rows, |r| Some(r.time));
-                cols.str("layer", rows, |r| &r.layer);
-                cols.u32("rows", rows, |r| Some(r.rows));
-                cols.u32("cols", rows, |r| Some(r.cols));
-                cols.bool("centered", rows, |r| r.centered);
-                cols.str("conv_layout", rows, |r| &r.conv_layout);
-                cols.str("method", rows, |r| &r.method);
-                cols.f64("stable_rank", rows, |r| r.stable_rank);
-                cols.f64("participation_ratio", rows, |r| r.participation_ratio);
-                cols.f64("participation_ratio_sv", rows, |r| r.participation_ratio_sv);
-                cols.u32("cum_energy_90", rows, |r| r.cum_energy_90);
-                cols.f64("nuclear_norm_ratio", rows, |r| r.nuclear_norm_ratio);
-                cols.f64("effective_rank", rows, |r| r.effective_rank);
-                cols.f64("mean", rows, |r| r.mean);
-                cols.f64("std", rows, |r| r.std);
-                cols.f64("zero_fraction", rows, |r| r.zero_fraction);
-                cols.u64("nonfinite", rows, |r| Some(r.nonfinite));
-                cols.f64("compute_ms", rows, |r| Some(r.compute_ms));
-            }
-            Rows::Model(rows) => {
-                cols.head(run_id, rank, seq, rows.len());
-                cols.str("layer", rows, |r| &r.layer);
-                cols.str("kind", rows, |r| &r.kind);
-                cols.u64("params", rows, |r| Some(r.params));
-                cols.u64("param_bytes", rows, |r| Some(r.param_bytes));
-                cols.u64("grad_bytes", rows, |r| Some(r.grad_bytes));
-                cols.u64("optimizer_bytes", rows, |r| Some(r.optimizer_bytes));
-                cols.u64("forward_flops", rows, |r| Some(r.forward_flops));
-                cols.str("output_shape", rows, |r| &r.output_shape);
-            }
-            Rows::Events(rows) => {
-                cols.head(run_id, rank, seq, rows.len());
-                cols.time("time", rows, |r| Some(r.time));
-                cols.str("kind", rows, |r| &r.kind);
-                cols.str("message", rows, |r| &r.message);
-                cols.i64("value", rows, |r| r.value);
-                cols.u64("step", rows, |r| r.step);
+    /// Appends one row and checks its strings.
+    pub fn append(&mut self, row: &RowValues<'_>) {
+        let cols = columns(self.table);
+        for (c, builder) in cols.iter().zip(&mut self.builders) {
+            let f = c.field as usize;
+            let present = row.present & (1 << f) != 0;
+            let v = row.numbers[f];
+            // Scalars of proto3 `optional` fields are null when absent; the
+            // others read 0 then (numbers is zeroed).
+            let null = c.optional && !present;
+            match builder {
+                Builder::U64(b) => b.append_option((!null).then_some(v)),
+                Builder::U32(b) => b.append_option((!null).then_some(v as u32)),
+                Builder::I64(b) => b.append_option((!null).then_some(v as i64)),
+                Builder::Time(b) => b.append_option((!null).then_some(v as i64)),
+                Builder::F64(b) => b.append_option((!null).then_some(f64::from_bits(v))),
+                Builder::Bool(b) => b.append_value(v != 0),
+                Builder::Str(b) if c.kind == Kind::Mode => b.append_value(mode_label(v)),
+                Builder::Str(b) => {
+                    let s = row.strings[f];
+                    if self.invalid.is_none() {
+                        self.invalid = check(c, s).err();
+                    }
+                    b.append_value(s);
+                }
             }
         }
-        cols.finish()
+        self.rows += 1;
+    }
+
+    /// The rows as one record batch, sent by `rank` of `run_id` in batch `seq`
+    /// (0: written by the collector itself).
+    pub fn finish(mut self, run_id: &str, rank: u32, seq: u64) -> RecordBatch {
+        let n = self.rows;
+        let mut run = StringBuilder::with_capacity(n, n * run_id.len());
+        for _ in 0..n {
+            run.append_value(run_id);
+        }
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(3 + self.builders.len());
+        arrays.push(Arc::new(run.finish()));
+        arrays.push(Arc::new(UInt32Array::from(vec![rank; n])));
+        arrays.push(Arc::new(UInt64Array::from(vec![seq; n])));
+        arrays.extend(self.builders.iter_mut().map(Builder::finish));
+        RecordBatch::try_new(schema(self.table), arrays)
+            .expect("the builders follow the schema's columns, one value per row each")
     }
 }
 
-fn mode_label(mode: i32) -> &'static str {
-    RecordingMode::try_from(mode).map_or("unknown", RecordingMode::label)
+fn check(c: &Column, value: &str) -> Result<(), Invalid> {
+    match c.check {
+        Check::None => Ok(()),
+        Check::Label => validate::label(c.name, value, MAX_LABEL_BYTES),
+        Check::EventMessage => validate::at_most(c.name, value, MAX_EVENT_MESSAGE_BYTES),
+    }
 }
 
-/// Column builder: each call adds one named column, so a table's column list reads
-/// as one list of names.
-#[derive(Default)]
-struct Columns {
-    fields: Vec<Field>,
-    arrays: Vec<ArrayRef>,
-}
-
-impl Columns {
-    fn push(&mut self, name: &str, array: ArrayRef, nullable: bool) {
-        self.fields
-            .push(Field::new(name, array.data_type().clone(), nullable));
-        self.arrays.push(array);
-    }
-
-    fn head(&mut self, run_id: &str, rank: u32, seq: u64, n: usize) {
-        let run: StringArray = std::iter::repeat_n(Some(run_id), n).collect();
-        self.push("run_id", Arc::new(run), false);
-        self.push("rank", Arc::new(UInt32Array::from(vec![rank; n])), false);
-        self.push("seq", Arc::new(UInt64Array::from(vec![seq; n])), false);
-    }
-
-    fn f64<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> Option<f64>) {
-        let a: Float64Array = rows.iter().map(&f).collect();
-        self.push(name, Arc::new(a), true);
-    }
-
-    fn u64<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> Option<u64>) {
-        let a: UInt64Array = rows.iter().map(&f).collect();
-        self.push(name, Arc::new(a), true);
-    }
-
-    fn i64<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> Option<i64>) {
-        let a: Int64Array = rows.iter().map(&f).collect();
-        self.push(name, Arc::new(a), true);
-    }
-
-    fn u32<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> Option<u32>) {
-        let a: UInt32Array = rows.iter().map(&f).collect();
-        self.push(name, Arc::new(a), true);
-    }
-
-    fn bool<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> bool) {
-        let a: BooleanArray = rows.iter().map(|r| Some(f(r))).collect();
-        self.push(name, Arc::new(a), false);
-    }
-
-    fn str<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> &str) {
-        let a: StringArray = rows.iter().map(|r| Some(f(r))).collect();
-        self.push(name, Arc::new(a), false);
-    }
-
-    /// Microseconds since the Unix epoch, as a UTC timestamp column.
-    fn time<R>(&mut self, name: &str, rows: &[R], f: impl Fn(&R) -> Option<i64>) {
-        let a: TimestampMicrosecondArray = rows.iter().map(&f).collect();
-        self.push(name, Arc::new(a.with_timezone("UTC")), true);
-    }
-
-    fn finish(self) -> Result<RecordBatch, ArrowError> {
-        RecordBatch::try_new(Arc::new(Schema::new(self.fields)), self.arrays)
-    }
+/// The label of a `RecordingMode` as sent (an `int32`: its low 32 bits).
+fn mode_label(value: u64) -> &'static str {
+    RecordingMode::try_from(value as i32).map_or("unknown", RecordingMode::label)
 }
 
 #[cfg(test)]
@@ -286,8 +465,8 @@ mod tests {
     /// The protocol, read as text so the test needs no descriptor machinery.
     const PROTO: &str = include_str!("../../proto/proto/rankscope/v1/telemetry.proto");
 
-    /// The field names of `message`, in order.
-    fn proto_fields(message: &str) -> Vec<String> {
+    /// (type, name, number, optional) of every field of `message`, in order.
+    fn proto_fields(message: &str) -> Vec<(String, String, u32, bool)> {
         let opening = format!("message {message} {{");
         let body = PROTO
             .split_once(&opening)
@@ -298,55 +477,85 @@ mod tests {
             .map(|line| line.split("//").next().unwrap_or("").trim())
             .filter(|line| line.ends_with(';'))
             .filter_map(|line| {
-                let before_eq = line.split('=').next()?.trim();
-                before_eq.split_whitespace().last().map(str::to_string)
+                let (decl, number) = line.trim_end_matches(';').split_once('=')?;
+                let words: Vec<&str> = decl.split_whitespace().collect();
+                let name = words.last()?.to_string();
+                let ty = words.get(words.len().checked_sub(2)?)?.to_string();
+                let optional = words.first() == Some(&"optional");
+                Some((ty, name, number.trim().parse().ok()?, optional))
             })
             .collect()
+    }
+
+    fn proto_type(kind: Kind) -> &'static str {
+        match kind {
+            U64 => "uint64",
+            U32 => "uint32",
+            I64 | Time => "int64",
+            F64 => "double",
+            Bool => "bool",
+            Str => "string",
+            Mode => "RecordingMode",
+        }
     }
 
     #[test]
     fn parquet_columns_are_the_proto_fields() {
         for table in Table::ALL {
-            let batch = Rows::empty(table).to_record_batch("r", 0, 0).unwrap();
-            let schema = batch.schema();
-            let mut columns: Vec<String> =
-                schema.fields().iter().map(|f| f.name().clone()).collect();
-            assert_eq!(&columns[..3], ["run_id", "rank", "seq"], "{}", table.name());
-            columns.drain(..3);
+            let schema = schema(table);
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            assert_eq!(&names[..3], ["run_id", "rank", "seq"], "{}", table.name());
+            let mut ours: Vec<(String, String, u32, bool)> = columns(table)
+                .iter()
+                .map(|c| {
+                    let ty = proto_type(c.kind).to_string();
+                    (ty, c.name.to_string(), c.field, c.optional)
+                })
+                .collect();
             let mut fields = proto_fields(table.row_message());
             assert!(!fields.is_empty(), "{}", table.row_message());
-            columns.sort();
+            ours.sort();
             fields.sort();
             assert_eq!(
-                columns,
+                ours,
                 fields,
                 "table {} against message {}",
                 table.name(),
                 table.row_message()
             );
+            assert!(
+                columns(table)
+                    .iter()
+                    .all(|c| (c.field as usize) < MAX_FIELD)
+            );
         }
-        // Every table travels in the Batch field of its name.
+        // Every table travels in the Batch field of its name and number.
         let batch_fields = proto_fields("Batch");
         for table in Table::ALL {
             assert!(
-                batch_fields.iter().any(|f| f == table.name()),
+                batch_fields
+                    .iter()
+                    .any(|(_, name, n, _)| name == table.name() && *n == table.batch_field()),
                 "{}",
                 table.name()
             );
         }
+        let mut order = CHECK_ORDER.to_vec();
+        order.sort();
+        assert_eq!(order, Table::ALL);
     }
 
     #[test]
-    fn every_table_converts_with_its_head_columns() {
-        let step = StepRow {
-            step: 1,
-            step_ms: 2.5,
-            loss: Some(0.5),
-            ..Default::default()
-        };
-        let batch = Rows::Steps(vec![step, step])
-            .to_record_batch("run-a", 3, 7)
-            .unwrap();
+    fn every_table_finishes_with_its_head_columns() {
+        let mut b = TableBuilder::new(Table::Steps, 2);
+        let mut row = RowValues::default();
+        row.numbers[1] = 1;
+        row.numbers[3] = 2.5f64.to_bits();
+        row.numbers[8] = 0.5f64.to_bits();
+        row.present = 1 << 1 | 1 << 3 | 1 << 8;
+        b.append(&row);
+        b.append(&row);
+        let batch = b.finish("run-a", 3, 7);
         assert_eq!(batch.num_rows(), 2);
         let names: Vec<_> = batch
             .schema()
@@ -356,9 +565,12 @@ mod tests {
             .collect();
         assert_eq!(&names[..4], ["run_id", "rank", "seq", "step"]);
         assert!(names.contains(&"device_peak_bytes".to_string()));
+        assert_eq!(batch.column_by_name("loss").unwrap().null_count(), 0);
+        assert_eq!(batch.column_by_name("lr").unwrap().null_count(), 2);
         for table in Table::ALL {
-            let b = Rows::empty(table).to_record_batch("r", 0, 0).unwrap();
+            let b = TableBuilder::new(table, 0).finish("r", 0, 0);
             assert_eq!(b.schema().field(0).name(), "run_id");
+            assert_eq!(b.schema(), schema(table));
         }
     }
 }

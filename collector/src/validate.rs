@@ -1,13 +1,15 @@
 //! Checks on everything that arrives from the network, before it touches memory
 //! bounds or the filesystem. Every error names the bad value and the fix.
 
-use rankscope_proto::v1::{Batch, Hello};
-use rankscope_proto::{
-    MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES, MAX_ROWS_PER_BATCH, MAX_RUN_ID_LEN, SCHEMA_MAJOR,
-};
+#[cfg(any(test, feature = "fuzzing"))]
+use rankscope_proto::MAX_EVENT_MESSAGE_BYTES;
+#[cfg(any(test, feature = "fuzzing"))]
+use rankscope_proto::v1::Batch;
+use rankscope_proto::v1::Hello;
+use rankscope_proto::{MAX_LABEL_BYTES, MAX_ROWS_PER_BATCH, MAX_RUN_ID_LEN, SCHEMA_MAJOR};
 
 /// Why a stream was refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum Invalid {
     #[error(
         "run id {0:?} is not allowed: use 1 to {MAX_RUN_ID_LEN} characters of letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
@@ -58,7 +60,11 @@ pub fn hello(h: &Hello) -> Result<(), Invalid> {
     label("agent_version", &h.agent_version, MAX_LABEL_BYTES)
 }
 
-/// Checks the sizes and labels of a batch.
+/// Checks the sizes and labels of a prost-decoded batch: the reference for the
+/// checks the wire decoder makes as it reads a batch ([`crate::table::TableBuilder`]
+/// runs [`label`] and [`at_most`] on the columns `table` marks), for the tests and
+/// the fuzz targets, which compare the two.
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn batch(b: &Batch) -> Result<(), Invalid> {
     let rows = b.rows();
     if rows > MAX_ROWS_PER_BATCH {
@@ -76,13 +82,7 @@ pub fn batch(b: &Batch) -> Result<(), Invalid> {
     }
     for e in &b.events {
         label("kind", &e.kind, MAX_LABEL_BYTES)?;
-        if e.message.len() > MAX_EVENT_MESSAGE_BYTES {
-            return Err(Invalid::TooLong {
-                field: "message",
-                len: e.message.len(),
-                max: MAX_EVENT_MESSAGE_BYTES,
-            });
-        }
+        at_most("message", &e.message, MAX_EVENT_MESSAGE_BYTES)?;
     }
     for r in &b.runs {
         label("layer_filter", &r.layer_filter, MAX_LABEL_BYTES)?;
@@ -95,7 +95,8 @@ pub fn batch(b: &Batch) -> Result<(), Invalid> {
     Ok(())
 }
 
-fn label(field: &'static str, value: &str, max: usize) -> Result<(), Invalid> {
+/// Checks a free-text value's size: at most `max` bytes.
+pub fn at_most(field: &'static str, value: &str, max: usize) -> Result<(), Invalid> {
     if value.len() > max {
         return Err(Invalid::TooLong {
             field,
@@ -103,6 +104,13 @@ fn label(field: &'static str, value: &str, max: usize) -> Result<(), Invalid> {
             max,
         });
     }
+    Ok(())
+}
+
+/// Checks a label (a name users read in tables and terminals): at most `max`
+/// bytes, no control characters.
+pub fn label(field: &'static str, value: &str, max: usize) -> Result<(), Invalid> {
+    at_most(field, value, max)?;
     // ASCII (nearly every label) is checked bytewise; the rest char by char.
     let control = if value.is_ascii() {
         value.bytes().any(|b| b.is_ascii_control())

@@ -1,5 +1,5 @@
-//! One gRPC message payload through everything the collector runs on it: prost
-//! decode of `AgentMessage`, validation, the seq check, Arrow and Parquet.
+//! One gRPC message payload through everything the collector runs on it: the
+//! `wire` reader (checked against prost), validation, the seq check, Parquet.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,5 +1,5 @@
-//! A `Batch` payload: prost decode, `validate::batch`, the seq check, Arrow
-//! record batches and Parquet encoding in memory.
+//! A `Batch` payload: the `wire` reader into Arrow (checked against prost and
+//! `validate::batch`), the seq check and Parquet encoding in memory.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -41,6 +41,28 @@ impl Table {
         }
     }
 
+    /// The number of the `Batch` field that carries the table's rows.
+    pub fn batch_field(self) -> u32 {
+        match self {
+            Table::Steps => 3,
+            Table::Layers => 4,
+            Table::Runs => 5,
+            Table::Ranks => 6,
+            Table::Model => 7,
+            Table::Events => 8,
+        }
+    }
+
+    /// The table whose rows `Batch` field number `field` carries, if any.
+    pub fn of_batch_field(field: u32) -> Option<Table> {
+        Table::ALL.into_iter().find(|t| t.batch_field() == field)
+    }
+
+    /// The table's position in [`Table::ALL`] (for per-table arrays).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The protobuf message of one row of the table.
     pub fn row_message(self) -> &'static str {
         match self {
@@ -151,6 +173,21 @@ mod tests {
         }
         assert_eq!(batch.rows(), 7);
         assert_eq!(batch.table_rows(Table::Steps), 2);
+    }
+
+    #[test]
+    fn batch_fields_and_indexes_match_the_proto() {
+        // Batch: steps = 3, layers = 4, runs = 5, ranks = 6, model = 7, events = 8.
+        let mut batch = Batch::default();
+        batch.layers.push(LayerRow::default());
+        let bytes = prost::Message::encode_to_vec(&batch);
+        assert_eq!(bytes[0] >> 3, 4);
+        assert_eq!(Table::of_batch_field(4), Some(Table::Layers));
+        for (i, table) in Table::ALL.into_iter().enumerate() {
+            assert_eq!(table.index(), i);
+            assert_eq!(Table::of_batch_field(table.batch_field()), Some(table));
+        }
+        assert_eq!(Table::of_batch_field(2), None);
     }
 
     #[test]

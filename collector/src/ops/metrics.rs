@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::wire::DecodedBatch;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -25,7 +26,6 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use rankscope_proto::v1::Batch;
 
 use super::Readiness;
 use crate::committer::CommitCounters;
@@ -130,17 +130,8 @@ impl RefusalCounts {
 pub struct BatchRows([u64; Table::ALL.len()]);
 
 impl BatchRows {
-    pub fn of(batch: &Batch) -> BatchRows {
-        let n = |len: usize| len as u64;
-        // The order of Table::ALL: runs, ranks, steps, layers, model, events.
-        BatchRows([
-            n(batch.runs.len()),
-            n(batch.ranks.len()),
-            n(batch.steps.len()),
-            n(batch.layers.len()),
-            n(batch.model.len()),
-            n(batch.events.len()),
-        ])
+    pub fn of(batch: &DecodedBatch) -> BatchRows {
+        BatchRows(Table::ALL.map(|t| batch.rows(t) as u64))
     }
 
     pub fn total(&self) -> u64 {
@@ -369,7 +360,7 @@ impl Collector for Figures {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rankscope_proto::v1::StepRow;
+    use rankscope_proto::v1::{Batch, StepRow};
     use std::collections::HashMap;
 
     #[test]
@@ -379,6 +370,8 @@ mod tests {
             steps: vec![StepRow::default(); 3],
             ..Default::default()
         };
+        let batch =
+            crate::wire::decode_batch(&prost::Message::encode_to_vec(&batch), &[0; 6]).unwrap();
         rows.add("a", BatchRows::of(&batch));
         rows.add("a", BatchRows::of(&batch));
         assert_eq!(rows.table(Table::Steps), 6);
