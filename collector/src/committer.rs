@@ -51,6 +51,9 @@ impl Default for CommitCounters {
 }
 
 const TICK: Duration = Duration::from_millis(100);
+/// While rows keep arriving, freed memory goes back to the kernel at most this
+/// often (see [`Trim`]).
+const TRIM_EVERY: Duration = Duration::from_secs(10);
 /// Gathers the final batches of ranks finishing together into one commit.
 const SOON: Duration = Duration::from_millis(150);
 
@@ -66,6 +69,7 @@ pub async fn run(
     let mut backoff = Duration::ZERO;
     let mut soon = false;
     let mut phase_rx = phase.subscribe();
+    let mut trim = Trim::default();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(TICK.max(backoff)) => {}
@@ -77,6 +81,7 @@ pub async fn run(
         }
         intake.record_vanished(policy.rank_grace);
         let (bytes, largest, age) = intake.pending_stats();
+        trim.tick(bytes);
         let due = soon
             || age.is_some_and(|a| a >= policy.max_file_age)
             || largest >= policy.max_file_rows
@@ -87,6 +92,7 @@ pub async fn run(
         if commit_once(&intake, &store, &counters).await {
             soon = false;
             backoff = Duration::ZERO;
+            trim.committed();
         } else {
             backoff = (backoff * 2).clamp(Duration::from_millis(200), Duration::from_secs(5));
         }
@@ -100,7 +106,68 @@ pub async fn run(
         tracing::error!(attempt, "final commit failed; retrying");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    release_freed_memory();
     let _ = phase.send(Phase::Drained);
+}
+
+/// When the memory that commits freed goes back to the kernel.
+///
+/// Returning it after every commit (`malloc_trim`) made the next batches fault
+/// fresh pages in and the kernel zero them: under a steady load that was most of
+/// the collector's page-fault time, for memory it needed again within a second.
+/// So it is returned once the intake is quiet (the buffer did not grow over a
+/// tick after a commit), and at most every [`TRIM_EVERY`] while rows keep
+/// arriving. Either way the process does not stay at its peak once the load
+/// stops, and the peak is what the buffer's bound allows.
+#[derive(Debug)]
+struct Trim {
+    /// A commit freed memory that was not returned yet.
+    owed: bool,
+    last: std::time::Instant,
+    last_bytes: usize,
+}
+
+impl Default for Trim {
+    fn default() -> Trim {
+        Trim {
+            owed: false,
+            last: std::time::Instant::now(),
+            last_bytes: 0,
+        }
+    }
+}
+
+impl Trim {
+    fn committed(&mut self) {
+        self.owed = true;
+        self.last_bytes = 0;
+    }
+
+    /// Called every tick with the buffer's bytes; trims when it is time, and
+    /// says whether it did.
+    fn tick(&mut self, bytes: usize) -> bool {
+        let quiet = bytes <= self.last_bytes;
+        self.last_bytes = bytes;
+        if self.owed && (quiet || self.last.elapsed() >= TRIM_EVERY) {
+            release_freed_memory();
+            self.owed = false;
+            self.last = std::time::Instant::now();
+            return true;
+        }
+        false
+    }
+}
+
+/// Hands the memory freed by a commit back to the kernel. glibc's allocator keeps
+/// freed memory in its arenas; after the rows of a commit are freed that is tens
+/// to hundreds of MiB, which the process's RSS would go on counting (measured
+/// under `rankscope bench collector`: 327 MiB resident with an empty buffer).
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages of the allocator's arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Commits everything buffered; true on success or when there was nothing to do.
@@ -121,7 +188,6 @@ async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &Commit
             intake.mark_durable(pending.watermarks());
             drop(pending);
             intake.committed_pending();
-            release_freed_memory();
             counters.commits.fetch_add(1, Ordering::Relaxed);
             counters.duration.observe(started.elapsed().as_secs_f64());
             counters
@@ -151,14 +217,26 @@ async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &Commit
     ok
 }
 
-/// Hands the memory freed by a commit back to the kernel. glibc's allocator keeps
-/// freed memory in its arenas; after the rows of a commit are freed that is tens
-/// to hundreds of MiB, which the process's RSS would go on counting (measured
-/// under `rankscope bench collector`: 327 MiB resident with an empty buffer).
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free pages of the allocator's arenas.
-    unsafe {
-        libc::malloc_trim(0);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_memory_is_returned_once_the_intake_is_quiet() {
+        let mut trim = Trim::default();
+        // Nothing committed: nothing owed, however quiet.
+        assert!(!trim.tick(0));
+        assert!(!trim.tick(0));
+        trim.committed();
+        // Rows keep arriving: no trim yet.
+        assert!(!trim.tick(1_000));
+        assert!(!trim.tick(5_000));
+        // The buffer stopped growing: trimmed, once.
+        assert!(trim.tick(5_000));
+        assert!(!trim.tick(5_000));
+        // Under a steady load, at most every TRIM_EVERY.
+        trim.committed();
+        trim.last -= TRIM_EVERY;
+        assert!(trim.tick(1_000));
     }
 }
