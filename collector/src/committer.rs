@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
@@ -123,7 +123,7 @@ pub async fn run(
 struct Trim {
     /// A commit freed memory that was not returned yet.
     owed: bool,
-    last: std::time::Instant,
+    last: Instant,
     last_bytes: usize,
 }
 
@@ -131,7 +131,7 @@ impl Default for Trim {
     fn default() -> Trim {
         Trim {
             owed: false,
-            last: std::time::Instant::now(),
+            last: Instant::now(),
             last_bytes: 0,
         }
     }
@@ -151,22 +151,10 @@ impl Trim {
         if self.owed && (quiet || self.last.elapsed() >= TRIM_EVERY) {
             release_freed_memory();
             self.owed = false;
-            self.last = std::time::Instant::now();
+            self.last = Instant::now();
             return true;
         }
         false
-    }
-}
-
-/// Hands the memory freed by a commit back to the kernel. glibc's allocator keeps
-/// freed memory in its arenas; after the rows of a commit are freed that is tens
-/// to hundreds of MiB, which the process's RSS would go on counting (measured
-/// under `rankscope bench collector`: 327 MiB resident with an empty buffer).
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free pages of the allocator's arenas.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 
@@ -177,7 +165,7 @@ async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &Commit
         return true;
     }
     let store = store.clone();
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let result = tokio::task::spawn_blocking(move || {
         let summary = store.commit(&pending);
         (pending, summary)
@@ -215,6 +203,18 @@ async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &Commit
     };
     intake.committed.notify_waiters();
     ok
+}
+
+/// Hands the memory freed by a commit back to the kernel. glibc's allocator keeps
+/// freed memory in its arenas; after the rows of a commit are freed that is tens
+/// to hundreds of MiB, which the process's RSS would go on counting (measured
+/// under `rankscope bench collector`: 327 MiB resident with an empty buffer).
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages of the allocator's arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 #[cfg(test)]
