@@ -28,7 +28,6 @@
 //! | `RANKSCOPE_TLS_DOMAIN` | name to verify in the collector's certificate | the address's host |
 //! | `RANKSCOPE_SPILL_MAX_BYTES` | bound on one rank's spill (`K`, `M`, `G` suffixes) | `1G` |
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -36,6 +35,12 @@ pub use crate::budget::OverheadBudget;
 pub use crate::client_tls::ClientTls;
 pub use crate::collector_list::CollectorList;
 pub use crate::layer_filter::LayerFilter;
+
+mod modes;
+mod tls;
+pub use modes::{Mode, SpectrumMode};
+pub use tls::client_tls_from_env;
+use tls::client_tls_with;
 
 pub const RANK: &str = "RANK";
 pub const LOCAL_RANK: &str = "LOCAL_RANK";
@@ -96,83 +101,6 @@ pub fn default_spill_dir() -> PathBuf {
     match user {
         Some(user) => std::env::temp_dir().join(format!("rankscope-spill-{user}")),
         None => std::env::temp_dir().join("rankscope-spill"),
-    }
-}
-
-/// What the agent records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// Every rank records everything.
-    #[default]
-    Full,
-    /// Only rank 0 records; other ranks are inert (no thread, no connection).
-    Rank0,
-    /// Every rank records steps and memory, no layer spectra.
-    Steps,
-    /// Nothing is recorded.
-    Off,
-}
-
-impl Mode {
-    pub fn parse(text: &str) -> Option<Mode> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "full" => Some(Mode::Full),
-            "rank0" => Some(Mode::Rank0),
-            "steps" => Some(Mode::Steps),
-            "off" => Some(Mode::Off),
-            _ => None,
-        }
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Mode::Full => "full",
-            Mode::Rank0 => "rank0",
-            Mode::Steps => "steps",
-            Mode::Off => "off",
-        }
-    }
-
-    /// The wire value (`off` never reaches the wire: an agent that records
-    /// nothing does not connect).
-    pub fn recording_mode(self) -> rankscope_proto::v1::RecordingMode {
-        match self {
-            Mode::Full => rankscope_proto::v1::RecordingMode::Full,
-            Mode::Rank0 => rankscope_proto::v1::RecordingMode::Rank0,
-            Mode::Steps => rankscope_proto::v1::RecordingMode::Steps,
-            Mode::Off => rankscope_proto::v1::RecordingMode::Unspecified,
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
-
-/// How the spectral columns are computed (`RANKSCOPE_SPECTRUM`; the `layers.method` column
-/// records what ran).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SpectrumMode {
-    /// `sketch` for matrices with at least `RANKSCOPE_SKETCH_THRESHOLD` rows and columns,
-    /// `exact` for the rest.
-    #[default]
-    Auto,
-    /// The float64 Gram matrix and eigen-solve, whatever the size.
-    Exact,
-    /// The randomized block Krylov estimates, except for matrices too small to sketch.
-    Sketch,
-}
-
-impl SpectrumMode {
-    pub fn parse(text: &str) -> Option<SpectrumMode> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "auto" => Some(SpectrumMode::Auto),
-            "exact" => Some(SpectrumMode::Exact),
-            "sketch" => Some(SpectrumMode::Sketch),
-            _ => None,
-        }
     }
 }
 
@@ -675,53 +603,6 @@ impl AgentConfigBuilder {
             tls,
             overhead_budget,
         })
-    }
-}
-
-/// TLS settings from `RANKSCOPE_TLS_*` in the process environment (for tools that
-/// use the transport without an [`AgentConfig`]).
-pub fn client_tls_from_env() -> Result<Option<ClientTls>, ConfigError> {
-    client_tls_with(&|var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty()))
-}
-
-fn client_tls_with(
-    env: &impl Fn(&str) -> Option<String>,
-) -> Result<Option<ClientTls>, ConfigError> {
-    let read = |var: &'static str| -> Result<Option<Vec<u8>>, ConfigError> {
-        env(var)
-            .map(|path| {
-                std::fs::read(path.trim()).map_err(|e| ConfigError::TlsFile {
-                    var,
-                    path,
-                    error: e.to_string(),
-                })
-            })
-            .transpose()
-    };
-    let identity = match (read(RANKSCOPE_TLS_CERT)?, read(RANKSCOPE_TLS_KEY)?) {
-        (Some(cert), Some(key)) => Some((cert, key)),
-        (None, None) => None,
-        (Some(_), None) => {
-            return Err(ConfigError::TlsPair {
-                set: RANKSCOPE_TLS_CERT,
-                missing: RANKSCOPE_TLS_KEY,
-            });
-        }
-        (None, Some(_)) => {
-            return Err(ConfigError::TlsPair {
-                set: RANKSCOPE_TLS_KEY,
-                missing: RANKSCOPE_TLS_CERT,
-            });
-        }
-    };
-    match read(RANKSCOPE_TLS_CA)? {
-        Some(ca_pem) => Ok(Some(ClientTls {
-            ca_pem,
-            identity,
-            domain: env(RANKSCOPE_TLS_DOMAIN),
-        })),
-        None if identity.is_some() => Err(ConfigError::TlsCa),
-        None => Ok(None),
     }
 }
 
