@@ -66,7 +66,7 @@ use arrow::datatypes::{DataType, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::errors::ParquetError;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use serde::{Deserialize, Serialize};
 
@@ -126,28 +126,43 @@ fn parquet_io(e: ParquetError) -> Result<io::Error, ParquetError> {
 }
 
 /// Properties of a Parquet file of `schema`: zstd, and per column the encoding
-/// that suits its values. Float columns (measured values) use BYTE_STREAM_SPLIT,
-/// which groups the bytes of each position so zstd finds the shared exponents
-/// and leading mantissa bytes; timestamps (which grow by small steps) use
-/// DELTA_BINARY_PACKED; everything else (strings, small integers) is dictionary
-/// encoded. Values are stored exactly as they arrive (float64 stays float64).
-/// On `rankscope loadgen` rows this took `layers` from 20.0 to about 9.7 bytes
-/// per row (BENCHMARKS.md).
+/// that suits its values. Values are stored exactly as they arrive (float64
+/// stays float64).
+/// - Float columns (measured values) use BYTE_STREAM_SPLIT, which groups the
+///   bytes of each position so zstd finds the shared exponents and leading
+///   mantissa bytes.
+/// - Integer and timestamp columns (`rank`, `seq`, `step`, `time`, shapes,
+///   counts) use DELTA_BINARY_PACKED: they are constant within a batch or grow
+///   by small steps, which packs to a few bits a value without the dictionary's
+///   hashing of every value.
+/// - Strings (`run_id`, `layer`, labels) are dictionary encoded.
+/// - zstd level 1: level 3 made files no smaller on these encodings (within
+///   1 %) and cost more CPU per row.
+/// - Min/max statistics are kept for integer and timestamp columns, the ones
+///   queries filter on (`step`, `time`, `rank`); none for floats and strings,
+///   whose per-value comparisons cost about a tenth of the collector's CPU.
+///
+/// BENCHMARKS.md has the measurements behind each choice.
 fn writer_properties(schema: &Schema, row_group_rows: usize) -> WriterProperties {
     let mut props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(3).expect("valid level"),
+            ZstdLevel::try_new(1).expect("valid level"),
         ))
         .set_dictionary_enabled(true)
+        .set_statistics_enabled(EnabledStatistics::None)
         .set_max_row_group_row_count(Some(row_group_rows.max(1)))
         .set_created_by(format!("rankscope {}", env!("CARGO_PKG_VERSION")));
     for field in schema.fields() {
+        let column = ColumnPath::from(field.name().as_str());
         let encoding = match field.data_type() {
             DataType::Float64 | DataType::Float32 => Encoding::BYTE_STREAM_SPLIT,
-            DataType::Timestamp(..) => Encoding::DELTA_BINARY_PACKED,
+            DataType::Timestamp(..) | DataType::UInt32 | DataType::UInt64 | DataType::Int64 => {
+                props =
+                    props.set_column_statistics_enabled(column.clone(), EnabledStatistics::Page);
+                Encoding::DELTA_BINARY_PACKED
+            }
             _ => continue,
         };
-        let column = ColumnPath::from(field.name().as_str());
         props = props
             .set_column_dictionary_enabled(column.clone(), false)
             .set_column_encoding(column, encoding);
