@@ -136,11 +136,11 @@ fn parquet_io(e: ParquetError) -> Result<io::Error, ParquetError> {
 ///   by small steps, which packs to a few bits a value without the dictionary's
 ///   hashing of every value.
 /// - Strings (`run_id`, `layer`, labels) are dictionary encoded.
-/// - zstd level 1: level 3 made files no smaller on these encodings (within
-///   1 %) and cost more CPU per row.
+/// - zstd level 1: level 3 made files at most 3 % smaller on these encodings
+///   and cost more CPU per row.
 /// - Min/max statistics are kept for integer and timestamp columns, the ones
 ///   queries filter on (`step`, `time`, `rank`); none for floats and strings,
-///   whose per-value comparisons cost about a tenth of the collector's CPU.
+///   whose per-value comparisons cost about 5 % of the collector's CPU.
 ///
 /// BENCHMARKS.md has the measurements behind each choice.
 fn writer_properties(schema: &Schema, row_group_rows: usize) -> WriterProperties {
