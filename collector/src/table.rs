@@ -284,7 +284,10 @@ fn build_schema(table: Table) -> SchemaRef {
 }
 
 /// The fields of one row as read from the wire, indexed by field number: the
-/// last occurrence of a field wins, as in any protobuf decoder.
+/// last occurrence of a field wins, as in any protobuf decoder. A slot holds a
+/// value only while its field's bit is set in `present` (slots of absent fields
+/// may hold an earlier row's value); read through [`RowValues::number`] and
+/// [`RowValues::string`].
 #[derive(Debug, Clone, Copy)]
 pub struct RowValues<'a> {
     /// Varint and fixed64 values, as their 64 bits.
@@ -304,17 +307,25 @@ impl Default for RowValues<'_> {
     }
 }
 
-impl RowValues<'_> {
-    /// Back to no fields present (only the fields that were are reset).
+impl<'a> RowValues<'a> {
+    /// Back to no fields present.
     pub fn clear(&mut self) {
-        let mut present = self.present;
-        while present != 0 {
-            let f = present.trailing_zeros() as usize;
-            self.numbers[f] = 0;
-            self.strings[f] = "";
-            present &= present - 1;
-        }
         self.present = 0;
+    }
+
+    /// Whether field `f` was present.
+    pub fn has(&self, f: usize) -> bool {
+        self.present & (1 << f) != 0
+    }
+
+    /// Field `f`'s 64 bits; 0 (proto3's default) when absent.
+    pub fn number(&self, f: usize) -> u64 {
+        if self.has(f) { self.numbers[f] } else { 0 }
+    }
+
+    /// Field `f`'s string; "" (proto3's default) when absent.
+    pub fn string(&self, f: usize) -> &'a str {
+        if self.has(f) { self.strings[f] } else { "" }
     }
 }
 
@@ -328,6 +339,8 @@ enum Builder {
     F64(Float64Builder),
     Bool(BooleanBuilder),
     Str(StringBuilder),
+    /// A `RecordingMode`, written as its label.
+    Mode(StringBuilder),
 }
 
 impl Builder {
@@ -342,7 +355,8 @@ impl Builder {
             Kind::F64 => Builder::F64(Float64Builder::with_capacity(rows)),
             Kind::Bool => Builder::Bool(BooleanBuilder::with_capacity(rows)),
             // Label-sized strings: 16 bytes a row to start with.
-            Kind::Str | Kind::Mode => Builder::Str(StringBuilder::with_capacity(rows, rows * 16)),
+            Kind::Str => Builder::Str(StringBuilder::with_capacity(rows, rows * 16)),
+            Kind::Mode => Builder::Mode(StringBuilder::with_capacity(rows, rows * 8)),
         }
     }
 
@@ -354,7 +368,7 @@ impl Builder {
             Builder::Time(b) => Arc::new(b.finish()),
             Builder::F64(b) => Arc::new(b.finish()),
             Builder::Bool(b) => Arc::new(b.finish()),
-            Builder::Str(b) => Arc::new(b.finish()),
+            Builder::Str(b) | Builder::Mode(b) => Arc::new(b.finish()),
         }
     }
 }
@@ -364,7 +378,8 @@ impl Builder {
 #[derive(Debug)]
 pub struct TableBuilder {
     table: Table,
-    builders: Vec<Builder>,
+    /// Each column with its builder, in file order.
+    builders: Vec<(&'static Column, Builder)>,
     rows: usize,
     invalid: Option<Invalid>,
 }
@@ -376,7 +391,7 @@ impl TableBuilder {
             table,
             builders: columns(table)
                 .iter()
-                .map(|c| Builder::new(c.kind, rows))
+                .map(|c| (c, Builder::new(c.kind, rows)))
                 .collect(),
             rows: 0,
             invalid: None,
@@ -399,14 +414,12 @@ impl TableBuilder {
 
     /// Appends one row and checks its strings.
     pub fn append(&mut self, row: &RowValues<'_>) {
-        let cols = columns(self.table);
-        for (c, builder) in cols.iter().zip(&mut self.builders) {
+        for (c, builder) in &mut self.builders {
             let f = c.field as usize;
-            let present = row.present & (1 << f) != 0;
-            let v = row.numbers[f];
+            let v = row.number(f);
             // Scalars of proto3 `optional` fields are null when absent; the
-            // others read 0 then (numbers is zeroed).
-            let null = c.optional && !present;
+            // others read 0 then.
+            let null = c.optional && !row.has(f);
             match builder {
                 Builder::U64(b) => b.append_option((!null).then_some(v)),
                 Builder::U32(b) => b.append_option((!null).then_some(v as u32)),
@@ -414,9 +427,9 @@ impl TableBuilder {
                 Builder::Time(b) => b.append_option((!null).then_some(v as i64)),
                 Builder::F64(b) => b.append_option((!null).then_some(f64::from_bits(v))),
                 Builder::Bool(b) => b.append_value(v != 0),
-                Builder::Str(b) if c.kind == Kind::Mode => b.append_value(mode_label(v)),
+                Builder::Mode(b) => b.append_value(mode_label(v)),
                 Builder::Str(b) => {
-                    let s = row.strings[f];
+                    let s = row.string(f);
                     if self.invalid.is_none() {
                         self.invalid = check(c, s).err();
                     }
@@ -439,7 +452,7 @@ impl TableBuilder {
         arrays.push(Arc::new(run.finish()));
         arrays.push(Arc::new(UInt32Array::from(vec![rank; n])));
         arrays.push(Arc::new(UInt64Array::from(vec![seq; n])));
-        arrays.extend(self.builders.iter_mut().map(Builder::finish));
+        arrays.extend(self.builders.iter_mut().map(|(_, b)| b.finish()));
         RecordBatch::try_new(schema(self.table), arrays)
             .expect("the builders follow the schema's columns, one value per row each")
     }

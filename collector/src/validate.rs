@@ -111,9 +111,13 @@ pub fn at_most(field: &'static str, value: &str, max: usize) -> Result<(), Inval
 /// bytes, no control characters.
 pub fn label(field: &'static str, value: &str, max: usize) -> Result<(), Invalid> {
     at_most(field, value, max)?;
-    // ASCII (nearly every label) is checked bytewise; the rest char by char.
-    let control = if value.is_ascii() {
-        value.bytes().any(|b| b.is_ascii_control())
+    // Printable ASCII (nearly every label) passes in one pass over the bytes;
+    // any other ASCII byte is a control character; the rest is checked char by
+    // char.
+    let control = if value.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+        false
+    } else if value.is_ascii() {
+        true
     } else {
         value.chars().any(char::is_control)
     };

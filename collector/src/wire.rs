@@ -308,6 +308,7 @@ fn advance<'a>(buf: &mut &'a [u8], len: u64) -> Result<&'a [u8], Malformed> {
     }
 }
 
+#[inline(always)]
 fn length_delimited<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8], Malformed> {
     let len = varint(buf)?;
     advance(buf, len)
@@ -321,7 +322,25 @@ fn fixed64(buf: &mut &[u8]) -> Result<u64, Malformed> {
 }
 
 /// A field's number and wire type.
+#[inline(always)]
 fn key(buf: &mut &[u8]) -> Result<(u32, u8), Malformed> {
+    // A valid key of one byte (fields 1 to 15: nearly every key) or two
+    // (fields up to 2047) is read here; longer keys and errors take the general
+    // path, which words the error.
+    let (key, len) = match **buf {
+        [b0, ..] if b0 < 0x80 => (u32::from(b0), 1),
+        [b0, b1, ..] if b1 < 0x80 => (u32::from(b0 & 0x7f) | u32::from(b1) << 7, 2),
+        _ => return any_key(buf),
+    };
+    if key & 7 > 5 || key >> 3 == 0 {
+        return any_key(buf);
+    }
+    *buf = &buf[len..];
+    Ok((key >> 3, (key & 7) as u8))
+}
+
+/// [`key`] for any key: a varint of up to 32 bits.
+fn any_key(buf: &mut &[u8]) -> Result<(u32, u8), Malformed> {
     let key = varint(buf)?;
     let Ok(key) = u32::try_from(key) else {
         return Err(Malformed(format!("invalid key value: {key}")));
