@@ -52,9 +52,9 @@ pub struct Args {
     /// libtorch linked starts with about 300 MiB more resident memory.
     #[arg(long)]
     pub collector_bin: Option<PathBuf>,
-    /// The collector's buffer bound, as `rankscope collector --max-pending-bytes`.
-    #[arg(long, default_value_t = rankscope_collector::CollectorConfig::DEFAULT_MAX_PENDING_BYTES)]
-    pub max_pending_bytes: usize,
+    /// The collector's memory bound, as `rankscope collector --max-memory-bytes`.
+    #[arg(long, default_value_t = rankscope_collector::CollectorConfig::DEFAULT_MAX_MEMORY_BYTES)]
+    pub max_memory_bytes: usize,
 }
 
 /// What one run measured.
@@ -108,7 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &collector_bin,
             &tmp.path().join(name),
             format!("loadgen, {ranks} streams"),
-            args.max_pending_bytes,
+            args.max_memory_bytes,
             loadgen(ranks, steps),
             rows,
             layers,
@@ -132,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &collector_bin,
             &tmp.path().join("real"),
             "rankscope train (transformer, every step)".into(),
-            args.max_pending_bytes,
+            args.max_memory_bytes,
             train,
             0,
             0,
@@ -147,12 +147,12 @@ fn measure(
     collector_bin: &Path,
     out: &Path,
     label: String,
-    max_pending_bytes: usize,
+    max_memory_bytes: usize,
     mut load: Command,
     rows: u64,
     layers_rows: u64,
 ) -> anyhow::Result<Measured> {
-    let (mut collector, addr) = start_collector(collector_bin, out, max_pending_bytes)?;
+    let (mut collector, addr) = start_collector(collector_bin, out, max_memory_bytes)?;
     let started = Instant::now();
     let before = children_cpu_s();
     let status = load
@@ -201,12 +201,12 @@ fn measure(
 fn start_collector(
     exe: &Path,
     out: &Path,
-    max_pending_bytes: usize,
+    max_memory_bytes: usize,
 ) -> anyhow::Result<(Child, String)> {
     let mut child = Command::new(exe)
         .args(["collector", "--listen", "127.0.0.1:0", "--out"])
         .arg(out)
-        .args(["--max-pending-bytes", &max_pending_bytes.to_string()])
+        .args(["--max-memory-bytes", &max_memory_bytes.to_string()])
         .env("RANKSCOPE_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -302,10 +302,10 @@ fn print_report(args: &Args, results: &[Measured]) {
         .as_ref()
         .map_or("this binary".to_string(), |b| b.display().to_string());
     println!(
-        "\n`rankscope bench collector`: {} layers per rank, buffer bound {} MiB, {cores} CPU(s); \
+        "\n`rankscope bench collector`: {} layers per rank, memory bound {} MiB, {cores} CPU(s); \
          collector ({binary}) and load in separate processes on the same machine.\n",
         args.layers,
-        args.max_pending_bytes >> 20
+        args.max_memory_bytes >> 20
     );
     println!(
         "| load | rows | wall s | collector CPU s | rows / collector CPU s | load CPU s | collector peak RSS MiB | layers bytes / row |"

@@ -48,11 +48,13 @@ pub struct Args {
     /// Largest message accepted, in bytes.
     #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
-    /// Bound on the memory of rows held, in bytes: an eighth for batches being
-    /// decoded, the rest for rows buffered or being committed; past it streams
-    /// wait. Each open stream also takes about 300 KiB outside it.
-    #[arg(long, default_value_t = CollectorConfig::DEFAULT_MAX_PENDING_BYTES)]
-    pub max_pending_bytes: usize,
+    /// Bound on the collector's resident memory, in bytes: 24 MiB reserved, an
+    /// eighth for batches being decoded, what the open streams take (about 350 KiB
+    /// each) and the rest for rows buffered or being committed; past it streams
+    /// wait. The rows always get a sixteenth: past about 1,100 streams per 512 MiB
+    /// the collector warns and may pass the bound.
+    #[arg(long, alias = "max-pending-bytes", default_value_t = CollectorConfig::DEFAULT_MAX_MEMORY_BYTES)]
+    pub max_memory_bytes: usize,
     /// How long a disconnected rank may stay away before it is recorded as vanished.
     #[arg(long, default_value_t = duration::Arg(CollectorConfig::DEFAULT_RANK_GRACE), value_parser = duration::parse_arg)]
     pub rank_grace: duration::Arg,
@@ -91,7 +93,7 @@ impl Args {
         config.max_file_rows = self.max_file_rows.max(1);
         config.max_streams = self.max_streams;
         config.max_message_bytes = self.max_message_bytes;
-        config.max_pending_bytes = self.max_pending_bytes;
+        config.max_memory_bytes = self.max_memory_bytes;
         config.rank_grace = self.rank_grace.0;
         config.min_free_bytes = self.min_free_bytes;
         if let Some(path) = &self.token_file {

@@ -2,8 +2,8 @@
 //! async reactor, and publishes the new durable watermarks.
 //!
 //! A commit is due when the oldest buffered row is `max_file_age` old, when a
-//! (table, run) group reaches `max_file_rows`, when the buffer passes half its
-//! byte bound, or soon after an agent's final batch. A failed commit (a full disk,
+//! (table, run) group reaches `max_file_rows`, when the buffer passes half the
+//! memory the rows may take, or soon after an agent's final batch. A failed commit (a full disk,
 //! say) keeps its rows, logs the error and is retried with backoff; meanwhile the
 //! buffer's bound pushes back on the streams.
 
@@ -23,7 +23,6 @@ use crate::store::Store;
 pub struct CommitPolicy {
     pub max_file_age: Duration,
     pub max_file_rows: usize,
-    pub max_pending_bytes: usize,
     pub rank_grace: Duration,
 }
 
@@ -80,12 +79,12 @@ pub async fn run(
             _ = until(&mut phase_rx, |p| p != Phase::Serving) => break,
         }
         intake.record_vanished(policy.rank_grace);
-        let (bytes, largest, age) = intake.pending_stats();
-        trim.tick(bytes);
+        let stats = intake.pending_stats();
+        trim.tick(stats.bytes);
         let due = soon
-            || age.is_some_and(|a| a >= policy.max_file_age)
-            || largest >= policy.max_file_rows
-            || bytes >= policy.max_pending_bytes / 2;
+            || stats.age.is_some_and(|a| a >= policy.max_file_age)
+            || stats.largest_file_rows >= policy.max_file_rows
+            || stats.bytes >= stats.limit / 2;
         if !due {
             continue;
         }

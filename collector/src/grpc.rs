@@ -71,6 +71,11 @@ impl Undecoded {
         Ok(Undecoded { bytes, rows })
     }
 
+    /// Bytes of the encoded message.
+    pub fn encoded_len(&self) -> usize {
+        self.bytes.len()
+    }
+
     /// An upper estimate of the memory the decoded message takes: every row at
     /// the Arrow size of the widest table's row ([`MAX_ROW_BYTES`]), plus the
     /// encoded bytes (which bound its strings).

@@ -5,6 +5,7 @@
 //! lock, so a commit always holds every batch up to the watermark it records.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,24 @@ use crate::wire;
 /// How far past the highest accepted `seq` a batch may jump before it is refused
 /// as absurd.
 pub const MAX_SEQ_JUMP: u64 = 1_000_000_000;
+
+/// Memory the collector takes whatever it holds (runtime, the Parquet writer's
+/// pages of the row group being encoded, ops endpoints): outside the rows' share
+/// of the bound. Measured 21 MiB (peak RSS with a 32 MiB bound, streams' share
+/// taken out; BENCHMARKS.md, "the memory bound bounds RSS").
+pub const RESERVED_BYTES: usize = 24 << 20;
+
+/// Memory an open stream takes before its first batch: its HTTP/2 flow-control
+/// window (data received and not read yet) plus connection state and buffers.
+pub const STREAM_BASE_BYTES: usize = crate::HTTP2_WINDOW_BYTES as usize + (32 << 10);
+
+/// What an open stream that has sent messages of up to `largest` bytes takes:
+/// [`STREAM_BASE_BYTES`], the message held until its rows are admitted, and the
+/// read buffer the next one arrives in, which keeps the capacity the largest
+/// message grew it to (a power of two).
+pub fn stream_bytes(largest: usize) -> usize {
+    STREAM_BASE_BYTES + largest + largest.next_power_of_two()
+}
 
 /// `bytes` in whole KiB, at least 1 and at most `u32::MAX` (4 TiB, the most
 /// `acquire_many` takes).
@@ -76,17 +95,41 @@ struct Inner {
     /// Bytes of the rows taken by the commit in progress: they stay in memory
     /// until it ends, so they count against the bound too.
     committing: usize,
+    /// What the open streams take ([`stream_bytes`] of each).
+    streams: usize,
+}
+
+/// The buffer's state, for the commit policy and `/metrics`.
+#[derive(Debug, Clone, Copy)]
+pub struct PendingStats {
+    /// Memory of the rows buffered (not those of a commit in progress).
+    pub bytes: usize,
+    /// Rows of the largest (table, run) group.
+    pub largest_file_rows: usize,
+    /// Age of the oldest row buffered.
+    pub age: Option<Duration>,
+    /// What the rows (buffered and being committed) may take now ([`Intake::rows_limit`]).
+    pub limit: usize,
+    /// What the open streams take.
+    pub streams: usize,
 }
 
 /// Shared between every stream and the committer.
 ///
-/// The memory bound (`max_pending_bytes`) is split: an eighth for batches being
-/// decoded and admitted ([`Intake::decode_room`]), the rest for the rows held,
-/// buffered or being committed.
+/// The memory bound (`max_memory_bytes`) covers the collector's resident memory:
+/// [`RESERVED_BYTES`] for what it takes whatever it holds, an eighth for batches
+/// being decoded and admitted ([`Intake::decode_room`]), what the open streams
+/// take ([`stream_bytes`] each), and the rest for the rows held, buffered or being
+/// committed ([`Intake::rows_limit`]). The rows always get at least a sixteenth of
+/// the bound: streams past what the bound can hold (about 1,100 at the default)
+/// take RSS past it, with a warning that names the bound to set.
 #[derive(Debug)]
 pub struct Intake {
     inner: Mutex<Inner>,
-    max_pending_bytes: usize,
+    max_memory_bytes: usize,
+    decode_bytes: usize,
+    /// The rows' floor was hit and not yet warned about again.
+    warned_floor: AtomicBool,
     /// Room for decoded batches not yet admitted, in KiB.
     decode_room: Arc<Semaphore>,
     decode_room_kib: u32,
@@ -98,12 +141,12 @@ pub struct Intake {
 
 impl Intake {
     /// Starts from the watermarks recovered from the output directory.
-    pub fn new(recovered: HashMap<RankKey, u64>, max_pending_bytes: usize) -> Intake {
+    pub fn new(recovered: HashMap<RankKey, u64>, max_memory_bytes: usize) -> Intake {
         let ranks = recovered
             .into_iter()
             .map(|(k, seq)| (k, RankState::new(seq)))
             .collect();
-        let decode_bytes = max_pending_bytes / 8;
+        let decode_bytes = max_memory_bytes / 8;
         let decode_room_kib = kib(decode_bytes);
         Intake {
             decode_room: Arc::new(Semaphore::new(decode_room_kib as usize)),
@@ -112,8 +155,11 @@ impl Intake {
                 ranks,
                 pending: Pending::default(),
                 committing: 0,
+                streams: 0,
             }),
-            max_pending_bytes: max_pending_bytes - decode_bytes,
+            max_memory_bytes,
+            decode_bytes,
+            warned_floor: AtomicBool::new(false),
             committed: Notify::new(),
             commit_soon: Notify::new(),
         }
@@ -128,6 +174,47 @@ impl Intake {
             .acquire_many_owned(kib(bytes).min(self.decode_room_kib))
             .await
             .expect("the semaphore is never closed")
+    }
+
+    /// What the rows held may take while the open streams take `streams` bytes:
+    /// the bound less the reserved, decoding and streams' shares, at least a
+    /// sixteenth of the bound (and 1 byte).
+    fn rows_limit(&self, streams: usize) -> usize {
+        let floor = (self.max_memory_bytes / 16).max(1);
+        let room = self
+            .max_memory_bytes
+            .saturating_sub(RESERVED_BYTES + self.decode_bytes + streams);
+        if room >= floor {
+            self.warned_floor.store(false, Ordering::Relaxed);
+            return room;
+        }
+        if !self.warned_floor.swap(true, Ordering::Relaxed) {
+            let mib = |b: usize| b >> 20;
+            // The bound at which the rows' share reaches the floor: it less the
+            // reserved and streams' shares, less an eighth and a sixteenth of it.
+            let needed = (RESERVED_BYTES + streams).saturating_mul(16).div_ceil(13);
+            tracing::warn!(
+                streams_mib = mib(streams),
+                max_memory_mib = mib(self.max_memory_bytes),
+                "the open streams take {} MiB of the {} MiB memory bound, which leaves the rows \
+                 only their floor of {} MiB: resident memory may pass the bound; raise \
+                 --max-memory-bytes to at least {} ({} MiB) or spread the ranks over more collectors",
+                mib(streams),
+                mib(self.max_memory_bytes),
+                mib(floor),
+                needed,
+                mib(needed).max(1),
+            );
+        }
+        floor
+    }
+
+    /// Counts what an open stream takes: `now` bytes (a [`stream_bytes`]) in place
+    /// of the `before` it was counted at (0 when it opens; call with `now` 0 when it
+    /// closes).
+    pub fn resize_stream(&self, before: usize, now: usize) {
+        let mut inner = self.lock();
+        inner.streams = (inner.streams + now).saturating_sub(before);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -175,7 +262,7 @@ impl Intake {
                 accepted,
             });
         }
-        if inner.pending.bytes() + inner.committing >= self.max_pending_bytes {
+        if inner.pending.bytes() + inner.committing >= self.rows_limit(inner.streams) {
             return Ok(Admission::Full(batch));
         }
         let seq = batch.seq;
@@ -209,15 +296,17 @@ impl Intake {
         inner.pending.restore(pending);
     }
 
-    /// (bytes, largest file rows, age) of the buffer.
-    pub fn pending_stats(&self) -> (usize, usize, Option<Duration>) {
+    /// The buffer's state now.
+    pub fn pending_stats(&self) -> PendingStats {
         let inner = self.lock();
         let p = &inner.pending;
-        (
-            p.bytes(),
-            p.largest_file_rows(),
-            p.since().map(|t| t.elapsed()),
-        )
+        PendingStats {
+            bytes: p.bytes(),
+            largest_file_rows: p.largest_file_rows(),
+            age: p.since().map(|t| t.elapsed()),
+            limit: self.rows_limit(inner.streams),
+            streams: inner.streams,
+        }
     }
 
     /// Publishes newly durable watermarks to the streams waiting for them.
@@ -318,6 +407,25 @@ mod tests {
         assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Full(batch(2))));
         intake.committed_pending();
         assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Accepted));
+    }
+
+    #[test]
+    fn open_streams_take_their_share_from_the_rows() {
+        let bound = 512 << 20;
+        let intake = Intake::new(HashMap::new(), bound);
+        let rows = intake.pending_stats().limit;
+        assert_eq!(rows, bound - RESERVED_BYTES - bound / 8);
+        let one = stream_bytes(120_000);
+        assert_eq!(one, STREAM_BASE_BYTES + 120_000 + 131_072);
+        intake.resize_stream(0, stream_bytes(0));
+        intake.resize_stream(stream_bytes(0), one);
+        assert_eq!(intake.pending_stats().limit, rows - one);
+        // Streams past what the bound holds leave the rows their floor.
+        intake.resize_stream(0, bound);
+        assert_eq!(intake.pending_stats().limit, bound / 16);
+        intake.resize_stream(bound + one, 0);
+        assert_eq!(intake.pending_stats().streams, 0);
+        assert_eq!(intake.pending_stats().limit, rows);
     }
 
     #[tokio::test]

@@ -69,9 +69,10 @@ pub struct CollectorConfig {
     pub max_file_rows: usize,
     /// Rows per Parquet row group.
     pub row_group_rows: usize,
-    /// Bound on the rows buffered in memory, in bytes (estimated: each row's fixed
-    /// size plus its encoded size); past it streams wait.
-    pub max_pending_bytes: usize,
+    /// Bound on the collector's resident memory, in bytes: what it reserves, what
+    /// the open streams take and the rows held share it (see [`intake::Intake`]);
+    /// past it streams wait.
+    pub max_memory_bytes: usize,
     /// Largest message accepted, in bytes.
     pub max_message_bytes: usize,
     /// Most streams open at once.
@@ -93,7 +94,7 @@ impl CollectorConfig {
     pub const DEFAULT_MAX_FILE_AGE: Duration = Duration::from_secs(10);
     pub const DEFAULT_MAX_FILE_ROWS: usize = 1_000_000;
     pub const DEFAULT_ROW_GROUP_ROWS: usize = 1_000_000;
-    pub const DEFAULT_MAX_PENDING_BYTES: usize = 512 * 1024 * 1024;
+    pub const DEFAULT_MAX_MEMORY_BYTES: usize = 512 * 1024 * 1024;
     pub const DEFAULT_MAX_STREAMS: usize = 4096;
     pub const DEFAULT_RANK_GRACE: Duration = Duration::from_secs(30);
 
@@ -104,7 +105,7 @@ impl CollectorConfig {
             max_file_age: Self::DEFAULT_MAX_FILE_AGE,
             max_file_rows: Self::DEFAULT_MAX_FILE_ROWS,
             row_group_rows: Self::DEFAULT_ROW_GROUP_ROWS,
-            max_pending_bytes: Self::DEFAULT_MAX_PENDING_BYTES,
+            max_memory_bytes: Self::DEFAULT_MAX_MEMORY_BYTES,
             max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
             max_streams: Self::DEFAULT_MAX_STREAMS,
             rank_grace: Self::DEFAULT_RANK_GRACE,
@@ -179,14 +180,13 @@ pub async fn serve_with_http(
     if !recovered.is_empty() {
         tracing::info!(ranks = recovered.len(), "recovered durable watermarks");
     }
-    let intake = Arc::new(Intake::new(recovered, config.max_pending_bytes));
+    let intake = Arc::new(Intake::new(recovered, config.max_memory_bytes));
     let (phase_tx, phase_rx) = watch::channel(Phase::Serving);
     let stream_counters = Arc::new(StreamCounters::default());
     let commit_counters = Arc::new(CommitCounters::default());
     let policy = CommitPolicy {
         max_file_age: config.max_file_age,
         max_file_rows: config.max_file_rows,
-        max_pending_bytes: config.max_pending_bytes,
         rank_grace: config.rank_grace,
     };
     let phase_for_shutdown = phase_tx.clone();
@@ -215,7 +215,7 @@ pub async fn serve_with_http(
                 open_streams: service.open_streams(),
                 readiness: readiness.clone(),
                 out: config.out.clone(),
-                max_pending_bytes: config.max_pending_bytes,
+                max_memory_bytes: config.max_memory_bytes,
                 min_free_bytes: config.min_free_bytes,
             };
             let endpoints = ops::http::Endpoints::new(figures.registry(), readiness.clone());

@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::buffer::RankKey;
 use crate::grpc::{StreamService, Undecoded};
-use crate::intake::{Admission, Intake};
+use crate::intake::{self, Admission, Intake};
 use crate::ops::metrics::{BatchRows, Refusal, RefusalCounts, RowCounts};
 use crate::space::SpaceGuard;
 use crate::validate::{self, Invalid};
@@ -108,6 +108,41 @@ impl Drop for Slot {
     }
 }
 
+/// What one open stream takes of the memory bound, counted while it is open.
+struct StreamMemory {
+    intake: Arc<Intake>,
+    largest: usize,
+    counted: usize,
+}
+
+impl StreamMemory {
+    fn open(intake: Arc<Intake>) -> StreamMemory {
+        let counted = intake::stream_bytes(0);
+        intake.resize_stream(0, counted);
+        StreamMemory {
+            intake,
+            largest: 0,
+            counted,
+        }
+    }
+
+    /// Counts a message of `len` bytes.
+    fn message(&mut self, len: usize) {
+        if len > self.largest {
+            self.largest = len;
+            let now = intake::stream_bytes(len);
+            self.intake.resize_stream(self.counted, now);
+            self.counted = now;
+        }
+    }
+}
+
+impl Drop for StreamMemory {
+    fn drop(&mut self) {
+        self.intake.resize_stream(self.counted, 0);
+    }
+}
+
 fn refuse(invalid: Invalid) -> Status {
     match invalid {
         Invalid::Schema(_) => Status::failed_precondition(invalid.to_string()),
@@ -156,10 +191,19 @@ impl StreamService for CollectorService {
                 self.max_streams
             )));
         }
+        let mut memory = StreamMemory::open(self.intake.clone());
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
             .await
-            .map(|read| read.and_then(|m| m.map(Undecoded::decode).transpose()));
+            .map(|read| {
+                read.and_then(|m| {
+                    m.map(|m| {
+                        memory.message(m.encoded_len());
+                        m.decode()
+                    })
+                    .transpose()
+                })
+            });
         let hello = match first {
             Err(_) => {
                 self.counters.refuse(Refusal::NoHello);
@@ -208,6 +252,7 @@ impl StreamService for CollectorService {
             tx,
             durable,
             phase: self.phase.clone(),
+            memory,
             last_seq: 0,
             finished: false,
         };
@@ -234,6 +279,7 @@ struct StreamTask {
     tx: mpsc::Sender<Result<CollectorMessage, Status>>,
     durable: watch::Receiver<u64>,
     phase: watch::Receiver<Phase>,
+    memory: StreamMemory,
     /// Highest seq this stream delivered (accepted or duplicate).
     last_seq: u64,
     finished: bool,
@@ -284,6 +330,7 @@ impl StreamTask {
 
     /// Decodes and takes in one message, once there is room for its rows.
     async fn message(&mut self, undecoded: Undecoded) -> Result<(), Status> {
+        self.memory.message(undecoded.encoded_len());
         let room = tokio::time::timeout(
             FULL_WAIT,
             self.intake.decode_room(undecoded.decoded_bytes()),

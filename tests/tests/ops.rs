@@ -108,6 +108,15 @@ async fn metrics_are_scraped_and_follow_real_traffic() {
     );
     assert_eq!(must(&before, &format!("{P}open_streams")), 0.0);
     assert_eq!(must(&before, &format!("{P}buffer_bytes")), 0.0);
+    // The memory bound's shares: 24 MiB reserved, an eighth for decoding, the
+    // rest for the rows while no stream is open.
+    let bound = must(&before, &format!("{P}memory_limit_bytes"));
+    assert_eq!(bound, (512u64 << 20) as f64, "the default bound");
+    assert_eq!(must(&before, &format!("{P}stream_memory_bytes")), 0.0);
+    assert_eq!(
+        must(&before, &format!("{P}buffer_limit_bytes")),
+        bound - (24u64 << 20) as f64 - bound / 8.0
+    );
     assert_eq!(must(&before, &format!("{P}ready")), 1.0);
     assert!(must(&before, &format!("{P}disk_free_bytes")) > 0.0);
     assert_eq!(
@@ -174,6 +183,7 @@ async fn metrics_are_scraped_and_follow_real_traffic() {
     assert!(must(&after, &format!("{P}commit_duration_seconds_sum")) > 0.0);
     assert_eq!(must(&after, &format!("{P}open_streams")), 0.0);
     assert_eq!(must(&after, &format!("{P}buffer_bytes")), 0.0);
+    assert_eq!(must(&after, &format!("{P}stream_memory_bytes")), 0.0);
 
     // Refusals, by reason: a bad run id, an unknown schema major.
     let status = open(&collector.addr, hello("../x", 0))
@@ -227,6 +237,14 @@ async fn readiness_goes_not_ready_while_the_collector_drains() {
         if figure(&text, &format!("{P}batches_received_total")) == Some(batches as f64) {
             assert!(must(&text, &format!("{P}buffer_bytes")) > 0.0);
             assert_eq!(must(&text, &format!("{P}open_streams")), 1.0);
+            // The open stream's share of the memory bound is taken from the rows'.
+            let streams = must(&text, &format!("{P}stream_memory_bytes"));
+            assert!(streams > 64.0 * 1024.0, "{streams}");
+            let bound = must(&text, &format!("{P}memory_limit_bytes"));
+            assert_eq!(
+                must(&text, &format!("{P}buffer_limit_bytes")),
+                bound - (24u64 << 20) as f64 - bound / 8.0 - streams
+            );
             break;
         }
         assert!(Instant::now() < deadline, "batches not received:\n{text}");

@@ -194,7 +194,7 @@ pub struct Figures {
     pub open_streams: Arc<AtomicUsize>,
     pub readiness: Readiness,
     pub out: PathBuf,
-    pub max_pending_bytes: usize,
+    pub max_memory_bytes: usize,
     pub min_free_bytes: u64,
 }
 
@@ -319,18 +319,30 @@ impl Collector for Figures {
             "Streams open now",
             signed(open as u64),
         )?;
-        let (buffered, _, _) = self.intake.pending_stats();
+        let stats = self.intake.pending_stats();
         gauge(
             &mut e,
             "buffer_bytes",
             "Estimated memory of the rows waiting for a commit",
-            signed(buffered as u64),
+            signed(stats.bytes as u64),
         )?;
         gauge(
             &mut e,
             "buffer_limit_bytes",
-            "Bound on buffer_bytes; past it streams wait",
-            signed(self.max_pending_bytes as u64),
+            "What the rows held (buffered and being committed) may take now: the memory bound less the reserved, decoding and streams' shares; past it streams wait",
+            signed(stats.limit as u64),
+        )?;
+        gauge(
+            &mut e,
+            "stream_memory_bytes",
+            "Estimated memory the open streams take (HTTP/2 window and state, the message held, the read buffer)",
+            signed(stats.streams as u64),
+        )?;
+        gauge(
+            &mut e,
+            "memory_limit_bytes",
+            "The memory bound (--max-memory-bytes) that the collector's resident memory is kept within",
+            signed(self.max_memory_bytes as u64),
         )?;
         if let Ok(free) = crate::space::available_bytes(&self.out) {
             gauge(
