@@ -48,8 +48,8 @@ pub struct Args {
     /// Largest message accepted, in bytes.
     #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
-    /// Bound on the collector's resident memory, in bytes: 24 MiB reserved, an
-    /// eighth for batches being decoded, what the open streams take (about 350 KiB
+    /// Bound on the collector's resident memory, in bytes: 96 MiB reserved, an
+    /// eighth for batches being decoded, what the open streams take (about 290 KiB
     /// each) and the rest for rows buffered or being committed; past it streams
     /// wait. The rows always get a sixteenth: past about 1,100 streams per 512 MiB
     /// the collector warns and may pass the bound.

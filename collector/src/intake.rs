@@ -5,7 +5,7 @@
 //! lock, so a commit always holds every batch up to the watermark it records.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,20 +19,24 @@ use crate::wire;
 /// as absurd.
 pub const MAX_SEQ_JUMP: u64 = 1_000_000_000;
 
-/// Memory the collector takes whatever it holds (runtime, the Parquet writer's
-/// pages of the row group being encoded, ops endpoints): outside the rows' share
-/// of the bound. Measured 21 MiB (peak RSS with a 32 MiB bound, streams' share
-/// taken out; BENCHMARKS.md, "the memory bound bounds RSS").
-pub const RESERVED_BYTES: usize = 24 << 20;
+/// Memory the collector takes whatever it holds: code and runtime, the Parquet
+/// writer's pages of the row group being encoded, and the allocator's slack (freed
+/// memory kept for reuse). Outside the rows' share of the bound. Measured: 21 MiB
+/// beside a 32 MiB bound with the streams' share taken out, and resident memory up
+/// to 65 MiB above the allocator's in-use peak over 12.6 M rows (BENCHMARKS.md,
+/// "the memory bound bounds RSS").
+pub const RESERVED_BYTES: usize = 96 << 20;
 
-/// Memory an open stream takes before its first batch: its HTTP/2 flow-control
-/// window (data received and not read yet) plus connection state and buffers.
-pub const STREAM_BASE_BYTES: usize = crate::HTTP2_WINDOW_BYTES as usize + (32 << 10);
+/// Memory an open stream takes beside its messages: HTTP/2 connection state and
+/// buffers (its flow-control window's data is read into the message buffers).
+pub const STREAM_BASE_BYTES: usize = 32 << 10;
 
 /// What an open stream that has sent messages of up to `largest` bytes takes:
 /// [`STREAM_BASE_BYTES`], the message held until its rows are admitted, and the
 /// read buffer the next one arrives in, which keeps the capacity the largest
-/// message grew it to (a power of two).
+/// message grew it to (a power of two). 288 KiB for messages of 128 KiB, where
+/// 256 KiB per stream was measured (1,024 against 256 streams, both waiting on
+/// a full buffer).
 pub fn stream_bytes(largest: usize) -> usize {
     STREAM_BASE_BYTES + largest + largest.next_power_of_two()
 }
@@ -128,8 +132,9 @@ pub struct Intake {
     inner: Mutex<Inner>,
     max_memory_bytes: usize,
     decode_bytes: usize,
-    /// The rows' floor was hit and not yet warned about again.
-    warned_floor: AtomicBool,
+    /// What the streams took at the last warning that the rows were left their
+    /// floor; 0 once they are above it again.
+    warned_streams: AtomicUsize,
     /// Room for decoded batches not yet admitted, in KiB.
     decode_room: Arc<Semaphore>,
     decode_room_kib: u32,
@@ -159,7 +164,7 @@ impl Intake {
             }),
             max_memory_bytes,
             decode_bytes,
-            warned_floor: AtomicBool::new(false),
+            warned_streams: AtomicUsize::new(0),
             committed: Notify::new(),
             commit_soon: Notify::new(),
         }
@@ -185,11 +190,15 @@ impl Intake {
             .max_memory_bytes
             .saturating_sub(RESERVED_BYTES + self.decode_bytes + streams);
         if room >= floor {
-            self.warned_floor.store(false, Ordering::Relaxed);
+            self.warned_streams.store(0, Ordering::Relaxed);
             return room;
         }
-        if !self.warned_floor.swap(true, Ordering::Relaxed) {
-            let mib = |b: usize| b >> 20;
+        // Warn on the first pass under the floor, and again each time the
+        // streams have grown by a quarter since.
+        let warned = self.warned_streams.load(Ordering::Relaxed);
+        if streams > warned + warned / 4 {
+            self.warned_streams.store(streams, Ordering::Relaxed);
+            let mib = |b: usize| b.div_ceil(1 << 20);
             // The bound at which the rows' share reaches the floor: it less the
             // reserved and streams' shares, less an eighth and a sixteenth of it.
             let needed = (RESERVED_BYTES + streams).saturating_mul(16).div_ceil(13);
@@ -198,12 +207,12 @@ impl Intake {
                 max_memory_mib = mib(self.max_memory_bytes),
                 "the open streams take {} MiB of the {} MiB memory bound, which leaves the rows \
                  only their floor of {} MiB: resident memory may pass the bound; raise \
-                 --max-memory-bytes to at least {} ({} MiB) or spread the ranks over more collectors",
+                 --max-memory-bytes to at least {} MiB ({}) or spread the ranks over more collectors",
                 mib(streams),
                 mib(self.max_memory_bytes),
                 mib(floor),
-                needed,
-                mib(needed).max(1),
+                mib(needed),
+                mib(needed) << 20,
             );
         }
         floor
