@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::{bin, count, count_by_rank, duckdb, spill_dir, table, tool, workspace, wrapped};
@@ -99,6 +100,19 @@ pub fn assert_exact(out: &Path, ranks: u32, steps: u64) {
         assert_eq!(dups.trim(), "0", "duplicates in {name}");
     }
     assert_eq!(count(out, "ranks", "finished_at is not null"), ranks as u64);
+}
+
+static DDP_JOB: Mutex<()> = Mutex::new(());
+
+/// Held by a test for as long as its DDP jobs run, so that a test binary runs one
+/// at a time. Side by side on a 2-core machine, the jobs' ranks starved each
+/// other: a straggler's measured wait shrank below the test's margin, and a rank
+/// aborted in gloo's teardown after its work was done (both seen under
+/// `make test`, neither alone).
+pub fn one_ddp_job() -> MutexGuard<'static, ()> {
+    DDP_JOB
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The PyTorch DDP example of the Python package.

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use rankscope_tests::training::{ddp_example as torchrun, run_ok as run};
+use rankscope_tests::training::{ddp_example as torchrun, one_ddp_job, run_ok as run};
 use rankscope_tests::{CollectorProc, count, count_by_rank, duckdb, free_port, random_ms, table};
 
 /// Layers `watch` finds in the example's default model (2 blocks): tok, pos, then
@@ -39,6 +39,7 @@ fn result(path: &Path) -> serde_json::Value {
 
 #[test]
 fn four_ddp_ranks_land_a_complete_grid_and_stay_in_sync() {
+    let _one = one_ddp_job();
     let dir = tempfile::tempdir().unwrap();
     let collector = CollectorProc::start(dir.path(), &[]);
     let res = dir.path().join("result.json");
@@ -124,6 +125,7 @@ fn four_ddp_ranks_land_a_complete_grid_and_stay_in_sync() {
 
 #[test]
 fn two_nodes_on_loopback_record_node_and_local_ranks() {
+    let _one = one_ddp_job();
     let dir = tempfile::tempdir().unwrap();
     let collector = CollectorProc::start(dir.path(), &[]);
     let port = free_port().to_string();
@@ -177,6 +179,7 @@ fn two_nodes_on_loopback_record_node_and_local_ranks() {
 
 #[test]
 fn rank0_mode_records_only_rank_zero() {
+    let _one = one_ddp_job();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("collector.log");
     let out = dir.path().join("out");
@@ -209,6 +212,7 @@ fn rank0_mode_records_only_rank_zero() {
 
 #[test]
 fn the_rank_others_wait_for_has_the_least_comm_time() {
+    let _one = one_ddp_job();
     let dir = tempfile::tempdir().unwrap();
     let collector = CollectorProc::start(dir.path(), &[]);
     run(torchrun(
@@ -263,6 +267,7 @@ fn the_rank_others_wait_for_has_the_least_comm_time() {
 
 #[test]
 fn collector_killed_mid_run_and_restarted_loses_and_duplicates_nothing() {
+    let _one = one_ddp_job();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
     let port = free_port();
@@ -315,6 +320,7 @@ fn collector_killed_mid_run_and_restarted_loses_and_duplicates_nothing() {
 
 #[test]
 fn a_wrong_variable_raises_config_error_and_disable_lets_training_finish() {
+    let _one = one_ddp_job();
     let dir = tempfile::tempdir().unwrap();
     let failed = torchrun(
         &["--standalone", "--nproc-per-node", "1"],
