@@ -3,9 +3,9 @@
 //!
 //! A commit is due when the oldest buffered row is `max_file_age` old, when a
 //! (table, run) group reaches `max_file_rows`, when the buffer passes half the
-//! memory the rows may take, or soon after an agent's final batch. A failed commit (a full disk,
-//! say) keeps its rows, logs the error and is retried with backoff; meanwhile the
-//! buffer's bound pushes back on the streams.
+//! memory the rows may take, or soon after an agent's final batch. A failed
+//! commit (a full disk, say) keeps its rows, logs the error and is retried with
+//! backoff; meanwhile the buffer's bound pushes back on the streams.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

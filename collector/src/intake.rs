@@ -181,6 +181,11 @@ impl Intake {
             .expect("the semaphore is never closed")
     }
 
+    /// The memory bound (`--max-memory-bytes`).
+    pub fn max_memory_bytes(&self) -> usize {
+        self.max_memory_bytes
+    }
+
     /// What the rows held may take while the open streams take `streams` bytes:
     /// the bound less the reserved, decoding and streams' shares, at least a
     /// sixteenth of the bound (and 1 byte).

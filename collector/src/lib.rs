@@ -215,7 +215,6 @@ pub async fn serve_with_http(
                 open_streams: service.open_streams(),
                 readiness: readiness.clone(),
                 out: config.out.clone(),
-                max_memory_bytes: config.max_memory_bytes,
                 min_free_bytes: config.min_free_bytes,
             };
             let endpoints = ops::http::Endpoints::new(figures.registry(), readiness.clone());

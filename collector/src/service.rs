@@ -108,38 +108,35 @@ impl Drop for Slot {
     }
 }
 
-/// What one open stream takes of the memory bound, counted while it is open.
+/// What one open stream takes of the memory bound ([`intake::stream_bytes`] of
+/// its largest message so far), counted while it is open.
 struct StreamMemory {
     intake: Arc<Intake>,
     largest: usize,
-    counted: usize,
 }
 
 impl StreamMemory {
     fn open(intake: Arc<Intake>) -> StreamMemory {
-        let counted = intake::stream_bytes(0);
-        intake.resize_stream(0, counted);
-        StreamMemory {
-            intake,
-            largest: 0,
-            counted,
-        }
+        intake.resize_stream(0, intake::stream_bytes(0));
+        StreamMemory { intake, largest: 0 }
     }
 
     /// Counts a message of `len` bytes.
     fn message(&mut self, len: usize) {
         if len > self.largest {
+            self.intake.resize_stream(
+                intake::stream_bytes(self.largest),
+                intake::stream_bytes(len),
+            );
             self.largest = len;
-            let now = intake::stream_bytes(len);
-            self.intake.resize_stream(self.counted, now);
-            self.counted = now;
         }
     }
 }
 
 impl Drop for StreamMemory {
     fn drop(&mut self) {
-        self.intake.resize_stream(self.counted, 0);
+        self.intake
+            .resize_stream(intake::stream_bytes(self.largest), 0);
     }
 }
 

@@ -194,7 +194,6 @@ pub struct Figures {
     pub open_streams: Arc<AtomicUsize>,
     pub readiness: Readiness,
     pub out: PathBuf,
-    pub max_memory_bytes: usize,
     pub min_free_bytes: u64,
 }
 
@@ -335,14 +334,14 @@ impl Collector for Figures {
         gauge(
             &mut e,
             "stream_memory_bytes",
-            "Estimated memory the open streams take (HTTP/2 window and state, the message held, the read buffer)",
+            "Estimated memory the open streams take (HTTP/2 state, the message held, the read buffer)",
             signed(stats.streams as u64),
         )?;
         gauge(
             &mut e,
             "memory_limit_bytes",
             "The memory bound (--max-memory-bytes) that the collector's resident memory is kept within",
-            signed(self.max_memory_bytes as u64),
+            signed(self.intake.max_memory_bytes() as u64),
         )?;
         if let Ok(free) = crate::space::available_bytes(&self.out) {
             gauge(
