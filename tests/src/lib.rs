@@ -401,6 +401,9 @@ pub fn batch(seq: u64, steps: u64, is_final: bool) -> Batch {
     }
 }
 
+/// Collector arguments that make commits (and so acks) quick.
+pub const FAST_COMMITS: [&str; 2] = ["--max-file-age", "100ms"];
+
 /// How long a test waits for any one answer from the collector.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 

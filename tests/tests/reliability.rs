@@ -5,8 +5,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use rankscope_tests::{
-    CollectorProc, batch, bin, count, count_by_rank, duckdb, free_port, hello, open, random_ms,
-    rankscope, table, walk,
+    CollectorProc, FAST_COMMITS, batch, bin, count, count_by_rank, duckdb, free_port, hello, open,
+    random_ms, rankscope, table, walk,
 };
 
 #[test]
@@ -226,7 +226,7 @@ fn mutual_tls_admits_only_agents_with_a_certificate_of_the_client_ca() {
 async fn a_stalled_or_silent_stream_never_holds_up_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_path_buf();
-    let collector = CollectorProc::start(&out, &["--max-file-age", "100ms"]);
+    let collector = CollectorProc::start(&out, &FAST_COMMITS);
     // A stream that sends 300 batches and never reads an acknowledgement: its
     // replies back up. And one that sends its Hello and then nothing at all.
     let (stalled, _) = open(&collector.addr, hello("stalled", 0)).await.unwrap();
