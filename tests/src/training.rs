@@ -106,9 +106,8 @@ static DDP_JOB: Mutex<()> = Mutex::new(());
 
 /// Held by a test for as long as its DDP jobs run, so that a test binary runs one
 /// at a time. Side by side on a 2-core machine, the jobs' ranks starved each
-/// other: a straggler's measured wait shrank below the test's margin, and a rank
-/// aborted in gloo's teardown after its work was done (both seen under
-/// `make test`, neither alone).
+/// other: a straggler's measured wait shrank below the test's margin (seen under
+/// `make test`, never alone).
 pub fn one_ddp_job() -> MutexGuard<'static, ()> {
     DDP_JOB
         .lock()
