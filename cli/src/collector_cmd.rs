@@ -48,10 +48,10 @@ pub struct Args {
     /// Largest message accepted, in bytes.
     #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
-    /// Bound on the collector's resident memory, in bytes: 96 MiB reserved, an
+    /// Bound on the collector's resident memory, in bytes: 112 MiB reserved, an
     /// eighth for batches being decoded, what the open streams take (about 290 KiB
     /// each) and the rest for rows buffered or being committed; past it streams
-    /// wait. The rows always get a sixteenth: past about 1,100 streams per 512 MiB
+    /// wait. The rows always get a sixteenth: past about 1,080 streams per 512 MiB
     /// the collector warns and may pass the bound.
     #[arg(long, alias = "max-pending-bytes", default_value_t = CollectorConfig::DEFAULT_MAX_MEMORY_BYTES)]
     pub max_memory_bytes: usize,

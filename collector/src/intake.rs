@@ -24,8 +24,9 @@ pub const MAX_SEQ_JUMP: u64 = 1_000_000_000;
 /// memory kept for reuse). Outside the rows' share of the bound. Measured: 21 MiB
 /// beside a 32 MiB bound with the streams' share taken out, and resident memory up
 /// to 65 MiB above the allocator's in-use peak over 12.6 M rows (BENCHMARKS.md,
-/// "the memory bound bounds RSS").
-pub const RESERVED_BYTES: usize = 96 << 20;
+/// "the memory bound bounds RSS"). 96 MiB let 1,024 streams reach 514 MiB once
+/// in 12 runs; 112 MiB kept them at 455–498 MiB ("session 11").
+pub const RESERVED_BYTES: usize = 112 << 20;
 
 /// Memory an open stream takes beside its messages: HTTP/2 connection state and
 /// buffers (its flow-control window's data is read into the message buffers).
@@ -125,7 +126,7 @@ pub struct PendingStats {
 /// being decoded and admitted ([`Intake::decode_room`]), what the open streams
 /// take ([`stream_bytes`] each), and the rest for the rows held, buffered or being
 /// committed ([`Intake::rows_limit`]). The rows always get at least a sixteenth of
-/// the bound: streams past what the bound can hold (about 1,100 at the default)
+/// the bound: streams past what the bound can hold (about 1,080 at the default)
 /// take RSS past it, with a warning that names the bound to set.
 #[derive(Debug)]
 pub struct Intake {

@@ -108,14 +108,14 @@ async fn metrics_are_scraped_and_follow_real_traffic() {
     );
     assert_eq!(must(&before, &format!("{P}open_streams")), 0.0);
     assert_eq!(must(&before, &format!("{P}buffer_bytes")), 0.0);
-    // The memory bound's shares: 96 MiB reserved, an eighth for decoding, the
+    // The memory bound's shares: 112 MiB reserved, an eighth for decoding, the
     // rest for the rows while no stream is open.
     let bound = must(&before, &format!("{P}memory_limit_bytes"));
     assert_eq!(bound, (512u64 << 20) as f64, "the default bound");
     assert_eq!(must(&before, &format!("{P}stream_memory_bytes")), 0.0);
     assert_eq!(
         must(&before, &format!("{P}buffer_limit_bytes")),
-        bound - (96u64 << 20) as f64 - bound / 8.0
+        bound - (112u64 << 20) as f64 - bound / 8.0
     );
     assert_eq!(must(&before, &format!("{P}ready")), 1.0);
     assert!(must(&before, &format!("{P}disk_free_bytes")) > 0.0);
@@ -243,7 +243,7 @@ async fn readiness_goes_not_ready_while_the_collector_drains() {
             let bound = must(&text, &format!("{P}memory_limit_bytes"));
             assert_eq!(
                 must(&text, &format!("{P}buffer_limit_bytes")),
-                bound - (96u64 << 20) as f64 - bound / 8.0 - streams
+                bound - (112u64 << 20) as f64 - bound / 8.0 - streams
             );
             break;
         }
