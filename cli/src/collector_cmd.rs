@@ -45,14 +45,15 @@ pub struct Args {
     /// Most rank streams open at once.
     #[arg(long, default_value_t = CollectorConfig::DEFAULT_MAX_STREAMS)]
     pub max_streams: usize,
-    /// Largest message accepted, in bytes.
+    /// Largest message accepted, in bytes: at least 4096, at most an eighth of
+    /// --max-memory-bytes (the room for decoding).
     #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
     /// Bound on the collector's resident memory, in bytes: 112 MiB reserved, an
     /// eighth for batches being decoded, what the open streams take (about 290 KiB
     /// each) and the rest for rows buffered or being committed; past it streams
     /// wait. The rows always get a sixteenth: past about 1,080 streams per 512 MiB
-    /// the collector warns and may pass the bound.
+    /// the collector warns and may pass the bound. At least 268435456 (256 MiB).
     #[arg(long, alias = "max-pending-bytes", default_value_t = CollectorConfig::DEFAULT_MAX_MEMORY_BYTES)]
     pub max_memory_bytes: usize,
     /// How long a disconnected rank may stay away before it is recorded as vanished.
@@ -96,6 +97,7 @@ impl Args {
         config.max_memory_bytes = self.max_memory_bytes;
         config.rank_grace = self.rank_grace.0;
         config.min_free_bytes = self.min_free_bytes;
+        config.check()?;
         if let Some(path) = &self.token_file {
             let token = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read --token-file {}", path.display()))?;

@@ -114,6 +114,57 @@ impl CollectorConfig {
             tls: None,
         }
     }
+
+    /// The smallest `max_memory_bytes`: the reserve, the decode room and a
+    /// sixteenth for the rows, with room left for a thousand streams.
+    pub const MIN_MAX_MEMORY_BYTES: usize = 256 * 1024 * 1024;
+    /// The smallest `max_message_bytes`: room for a Hello and a batch of a few rows.
+    pub const MIN_MAX_MESSAGE_BYTES: usize = 4096;
+
+    /// Refuses settings that would leave the collector unable to accept rows, or
+    /// its memory unbounded, naming the flag and the fix.
+    pub fn check(&self) -> Result<(), CollectorError> {
+        let bad = |text: String| Err(CollectorError::Config(text));
+        if self.max_memory_bytes < Self::MIN_MAX_MEMORY_BYTES {
+            return bad(format!(
+                "--max-memory-bytes {} is below the smallest bound of {} (256 MiB): the collector \
+                 reserves {} MiB for itself, an eighth for decoding and the rest for the open \
+                 streams and the rows; give at least {}",
+                self.max_memory_bytes,
+                Self::MIN_MAX_MEMORY_BYTES,
+                intake::RESERVED_BYTES >> 20,
+                Self::MIN_MAX_MEMORY_BYTES
+            ));
+        }
+        if self.max_message_bytes < Self::MIN_MAX_MESSAGE_BYTES {
+            return bad(format!(
+                "--max-message-bytes {} is below {}: a message must hold a batch of a few rows; \
+                 give at least {} (the agents send about 128 KiB; the default is {})",
+                self.max_message_bytes,
+                Self::MIN_MAX_MESSAGE_BYTES,
+                Self::MIN_MAX_MESSAGE_BYTES,
+                rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES
+            ));
+        }
+        let decode_room = self.max_memory_bytes / 8;
+        if self.max_message_bytes > decode_room {
+            return bad(format!(
+                "--max-message-bytes {} is more than the room for decoding, an eighth of \
+                 --max-memory-bytes {} ({}): lower it (the agents send about 128 KiB), or raise \
+                 --max-memory-bytes to at least {}",
+                self.max_message_bytes,
+                self.max_memory_bytes,
+                decode_room,
+                self.max_message_bytes.saturating_mul(8)
+            ));
+        }
+        if self.max_streams == 0 {
+            return bad(
+                "--max-streams 0 accepts no rank: give at least 1 (the default is 4096)".into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Why the collector could not run.
@@ -127,6 +178,9 @@ pub enum CollectorError {
         "cannot use the TLS certificate and key: {0} (check --tls-cert, --tls-key and --tls-client-ca: PEM files, key matching certificate)"
     )]
     Tls(tonic::transport::Error),
+    /// A setting the collector cannot work with; the text names the value and the fix.
+    #[error("{0}")]
+    Config(String),
 }
 
 /// What the collector did, reported when it stops.
@@ -164,6 +218,7 @@ pub async fn serve_with_http(
     config: CollectorConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<ServeSummary, CollectorError> {
+    config.check()?;
     // Each connection (one rank's stream) buffers at most one HTTP/2 window of
     // data the collector has not read yet: the protocol's default of 64 KiB,
     // instead of hyper's 1 MiB, so 1,024 waiting ranks hold 64 MiB, not 1 GiB.

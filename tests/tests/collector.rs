@@ -235,6 +235,69 @@ fn absurd_flags_are_refused_without_a_panic() {
 }
 
 #[test]
+fn bounds_the_collector_cannot_work_with_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, names) in [
+        (
+            &["--max-memory-bytes", "0"][..],
+            &["--max-memory-bytes 0", "268435456"][..],
+        ),
+        (
+            &["--max-message-bytes", "0"],
+            &["--max-message-bytes 0", "4096"],
+        ),
+        (
+            &["--max-message-bytes", "99999999999"],
+            &["--max-message-bytes 99999999999", "799999999992"],
+        ),
+        (
+            &[
+                "--max-memory-bytes",
+                "268435456",
+                "--max-message-bytes",
+                "67108864",
+            ],
+            &["--max-message-bytes 67108864", "an eighth", "536870912"],
+        ),
+        (&["--max-streams", "0"], &["--max-streams 0", "at least 1"]),
+    ] {
+        let output = std::process::Command::new(rankscope_tests::bin("rankscope"))
+            .args(["collector", "--listen", "127.0.0.1:0", "--out"])
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        for name in names {
+            assert!(
+                stderr.contains(name),
+                "{args:?} should name {name:?}: {stderr}"
+            );
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            !stdout.contains("listening"),
+            "refused before listening: {stdout}"
+        );
+    }
+    // The smallest accepted bounds start.
+    let collector = CollectorProc::start(
+        dir.path(),
+        &[
+            "--max-memory-bytes",
+            "268435456",
+            "--max-message-bytes",
+            "4096",
+            "--max-streams",
+            "1",
+        ],
+    );
+    drop(collector);
+}
+
+#[test]
 fn a_closed_stdout_does_not_stop_the_collector() {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
