@@ -277,6 +277,7 @@ impl Inner {
                 layer_filter: config.layer_filter.as_text(),
                 agent_version: env!("CARGO_PKG_VERSION").into(),
                 workload: config.workload.clone(),
+                overhead_budget: Some(config.overhead_budget.fraction()),
             }));
         }
         let options = MatrixOptions {

@@ -148,6 +148,7 @@ fn simulate_rank(
             layer_filter: String::new(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
             workload: "loadgen".into(),
+            overhead_budget: None,
         }));
     }
     let width = 1024u64;

@@ -182,6 +182,11 @@ impl Dataset {
     pub fn run_data(&self, run_id: &str) -> anyhow::Result<RunData> {
         let id = literal(run_id);
         let mut run = RunData::default();
+        for b in &self.sql(&format!(
+            "SELECT max(overhead_budget) AS overhead_budget FROM runs WHERE run_id = {id}"
+        ))? {
+            run.overhead_budget = floats(b, "overhead_budget")?.into_iter().flatten().next();
+        }
         // Ranks: the `ranks` rows (sent at finish), plus every rank seen in
         // `steps` so a run still going is covered.
         for b in &self.sql(&format!(

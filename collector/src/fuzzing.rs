@@ -216,6 +216,7 @@ pub fn reference_records(batch: &Batch, run_id: &str, rank: u32) -> Vec<(Table, 
                 cols.str(rows, |r| &r.layer_filter);
                 cols.str(rows, |r| &r.agent_version);
                 cols.str(rows, |r| &r.workload);
+                cols.f64(rows, |r| r.overhead_budget);
             }
             Table::Ranks => {
                 let rows = &batch.ranks;
@@ -423,6 +424,7 @@ mod tests {
                 runs: vec![RunRow {
                     mode: 99,
                     workload: "mlp".into(),
+                    overhead_budget: Some(f64::NAN),
                     ..Default::default()
                 }],
                 ranks: vec![RankRow {

@@ -137,6 +137,7 @@ const RUNS: &[Column] = &[
     col("layer_filter", 7, Str),
     col("agent_version", 8, Str),
     col("workload", 9, Str),
+    opt("overhead_budget", 10, F64),
 ];
 
 const RANKS: &[Column] = &[

@@ -117,7 +117,7 @@ fn four_ddp_ranks_land_a_complete_grid_and_stay_in_sync() {
         count(
             out,
             "runs",
-            "world_size = 4 and workload = 'ddp_gpt' and sample_every = 10"
+            "world_size = 4 and workload = 'ddp_gpt' and sample_every = 10 and overhead_budget = 1"
         ),
         1
     );

@@ -136,6 +136,7 @@ fn random_batch(rng: &mut Rng) -> Batch {
             layer_filter: rng.text(),
             agent_version: rng.text(),
             workload: rng.text(),
+            overhead_budget: rng.opt(Rng::f64),
         });
         b.ranks.push(RankRow {
             local_rank: rng.u64() as u32,

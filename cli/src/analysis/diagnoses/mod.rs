@@ -77,6 +77,9 @@ pub struct EventRecord {
 /// A run, as the diagnoses see it. Rows may come in any order.
 #[derive(Clone, Debug, Default)]
 pub struct RunData {
+    /// The agents' overhead budget as a fraction (`runs.overhead_budget`), when
+    /// the run recorded it.
+    pub overhead_budget: Option<f64>,
     pub ranks: Vec<RankInfo>,
     pub steps: Vec<StepRecord>,
     pub layers: Vec<LayerRecord>,
@@ -116,8 +119,8 @@ pub struct Thresholds {
     pub skew_share: f64,
     /// Shard skew: fewest ranks for a robust z-score.
     pub skew_min_ranks: usize,
-    /// Agent overhead budget: overhead_ms / step_ms per rank (BENCHMARKS.md's
-    /// every-step target).
+    /// Agent overhead budget: overhead_ms / step_ms per rank, for a run that
+    /// did not record its own (`runs.overhead_budget`; the agent's default).
     pub overhead_budget: f64,
 }
 

@@ -25,9 +25,18 @@ pub struct OverheadEvidence {
     pub budget: f64,
 }
 
-/// Ranks where the agent took more than `overhead_budget` of the training
-/// thread's time (Σ overhead_ms / Σ step_ms).
+/// Ranks where the agent took more than its budget of the training thread's
+/// time (Σ overhead_ms / Σ step_ms): the run's recorded budget, else
+/// `t.overhead_budget`. A budget of 100 % sets no limit.
 pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
+    // A recorded budget that no agent writes (0, negative, NaN) reads as unrecorded.
+    let budget = run
+        .overhead_budget
+        .filter(|b| *b > 0.0 && b.is_finite())
+        .unwrap_or(t.overhead_budget);
+    if budget >= 1.0 {
+        return None;
+    }
     let mut per_rank: BTreeMap<u32, (f64, f64, usize)> = BTreeMap::new();
     for s in &run.steps {
         let e = per_rank.entry(s.rank).or_default();
@@ -44,7 +53,7 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
             overhead_ms,
             steps,
         })
-        .filter(|r| r.share > t.overhead_budget)
+        .filter(|r| r.share > budget)
         .collect();
     if over.is_empty() {
         return None;
@@ -52,9 +61,10 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
     over.sort_by(|a, b| b.share.total_cmp(&a.share));
     Some(Diagnosis {
         message: format!(
-            "agent overhead above its {:.1}% budget on {} rank{} (rank {}: {:.2}% of step time); \
+            "agent overhead above its {}% budget on {} rank{} (rank {}: {:.2}% of step time); \
              sample less often (RANKSCOPE_SAMPLE_EVERY) or fewer layers (RANKSCOPE_LAYERS)",
-            100.0 * t.overhead_budget,
+            // As RANKSCOPE_OVERHEAD_BUDGET reads: 2, 0.5, 0.0001.
+            (100.0 * budget * 1e6).round() / 1e6,
             over.len(),
             if over.len() == 1 { "" } else { "s" },
             over[0].rank,
@@ -62,7 +72,7 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
         ),
         evidence: Evidence::AgentOverhead(OverheadEvidence {
             ranks: over,
-            budget: t.overhead_budget,
+            budget,
         }),
     })
 }
@@ -139,6 +149,25 @@ mod tests {
         assert_eq!(e.ranks.len(), 1);
         assert_eq!(e.ranks[0].rank, 3);
         assert!((e.ranks[0].share - 0.03).abs() < 1e-9);
+        assert!(d.message.contains("above its 2% budget"), "{}", d.message);
+
+        // The run's own budget, when recorded, holds instead of the default.
+        run.overhead_budget = Some(0.05);
+        assert!(agent_overhead(&run, &t).is_none(), "3 % is within 5 %");
+        run.overhead_budget = Some(0.01);
+        let d = agent_overhead(&run, &t).expect("over a 1 % budget");
+        assert!(d.message.contains("above its 1% budget"), "{}", d.message);
+        let Evidence::AgentOverhead(e) = &d.evidence else {
+            panic!()
+        };
+        assert_eq!(e.budget, 0.01);
+        run.overhead_budget = Some(1.0);
+        assert!(agent_overhead(&run, &t).is_none(), "100 % sets no limit");
+        run.overhead_budget = Some(f64::NAN);
+        assert!(
+            agent_overhead(&run, &t).is_some(),
+            "NaN reads as the default"
+        );
     }
 
     #[test]
