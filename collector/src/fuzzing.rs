@@ -363,15 +363,16 @@ mod tests {
     use super::*;
     use rankscope_proto::v1::{EventRow, LayerRow, ModelRow, RankRow, RunRow, StepRow};
 
-    /// xorshift64*: tiny, deterministic, good enough to pick mutations.
-    struct Rng(u64);
+    /// Seeded, so a failure reproduces.
+    struct Rng(rand::rngs::StdRng);
 
     impl Rng {
+        fn new(seed: u64) -> Rng {
+            Rng(rand::SeedableRng::seed_from_u64(seed))
+        }
+
         fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+            rand::Rng::random(&mut self.0)
         }
 
         fn below(&mut self, n: usize) -> usize {
@@ -525,7 +526,7 @@ mod tests {
 
     #[test]
     fn thousands_of_random_and_mutated_messages_never_panic() {
-        let mut rng = Rng(0x5eed_0f4a_11da_7a00);
+        let mut rng = Rng::new(0x5eed_0f4a_11da_7a00);
         let inner = |m: AgentMessage| match m.kind {
             Some(Kind::Hello(h)) => h.encode_to_vec(),
             Some(Kind::Batch(b)) => b.encode_to_vec(),
