@@ -178,15 +178,26 @@ impl Dataset {
         }
     }
 
+    /// The agents' overhead budget of `run_id` as a fraction
+    /// (`runs.overhead_budget`), when the run recorded it.
+    pub fn overhead_budget(&self, run_id: &str) -> anyhow::Result<Option<f64>> {
+        let mut budget = None;
+        for b in &self.sql(&format!(
+            "SELECT max(overhead_budget) AS overhead_budget FROM runs WHERE run_id = {}",
+            literal(run_id)
+        ))? {
+            budget = budget.or(floats(b, "overhead_budget")?.into_iter().flatten().next());
+        }
+        Ok(budget)
+    }
+
     /// The rows of `run_id` that the diagnoses read.
     pub fn run_data(&self, run_id: &str) -> anyhow::Result<RunData> {
         let id = literal(run_id);
-        let mut run = RunData::default();
-        for b in &self.sql(&format!(
-            "SELECT max(overhead_budget) AS overhead_budget FROM runs WHERE run_id = {id}"
-        ))? {
-            run.overhead_budget = floats(b, "overhead_budget")?.into_iter().flatten().next();
-        }
+        let mut run = RunData {
+            overhead_budget: self.overhead_budget(run_id)?,
+            ..RunData::default()
+        };
         // Ranks: the `ranks` rows (sent at finish), plus every rank seen in
         // `steps` so a run still going is covered.
         for b in &self.sql(&format!(

@@ -90,6 +90,13 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
             s.samples_dropped
         );
     }
+    if let Some(budget) = data.overhead_budget(run_id)? {
+        text += &format!(
+            "(overhead %: the agent's time on the training thread as a share of step time; \
+             the run's overhead budget is {} of each process's CPU time, RANKSCOPE_OVERHEAD_BUDGET)\n",
+            crate::analysis::diagnoses::budget_percent(budget)
+        );
+    }
     if ranks.values().any(|s| s.comm_ms.is_some()) {
         text += "(comm ms: all-reduce launch to completion; the rank that waits least is the one the others wait for)\n";
     }

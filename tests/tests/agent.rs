@@ -270,10 +270,16 @@ fn samples_skipped_for_the_overhead_budget_are_counted_as_events() {
     assert_eq!(layers + skipped[0], steps * MLP_LAYERS);
     assert_eq!(event("samples_dropped"), Vec::<u64>::new());
     assert_eq!(event("overhead_share").len(), 1);
-    // The budget is recorded with the run, as a fraction.
+    // The budget is recorded with the run, as a fraction, and the summary
+    // states it as it was given.
     assert_eq!(
         count(out, "runs", "abs(overhead_budget - 0.000001) < 1e-12"),
         1
+    );
+    let summary = rankscope_tests::rankscope(&["summary", "--out", out.to_str().unwrap()]);
+    assert!(
+        summary.contains("the run's overhead budget is 0.0001% of each process's CPU time"),
+        "{summary}"
     );
     assert_eq!(
         count(

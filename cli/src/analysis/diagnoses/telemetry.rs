@@ -61,10 +61,9 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
     over.sort_by(|a, b| b.share.total_cmp(&a.share));
     Some(Diagnosis {
         message: format!(
-            "agent overhead above its {}% budget on {} rank{} (rank {}: {:.2}% of step time); \
+            "agent overhead above its {} budget on {} rank{} (rank {}: {:.2}% of step time); \
              sample less often (RANKSCOPE_SAMPLE_EVERY) or fewer layers (RANKSCOPE_LAYERS)",
-            // As RANKSCOPE_OVERHEAD_BUDGET reads: 2, 0.5, 0.0001.
-            (100.0 * budget * 1e6).round() / 1e6,
+            budget_percent(budget),
             over.len(),
             if over.len() == 1 { "" } else { "s" },
             over[0].rank,
@@ -75,6 +74,12 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
             budget,
         }),
     })
+}
+
+/// An overhead budget given as a fraction, written as RANKSCOPE_OVERHEAD_BUDGET
+/// reads it: `2%`, `0.5%`, `0.0001%`.
+pub fn budget_percent(fraction: f64) -> String {
+    format!("{}%", (100.0 * fraction * 1e6).round() / 1e6)
 }
 
 /// Evidence of [`telemetry_loss`].
