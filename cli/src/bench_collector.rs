@@ -70,6 +70,10 @@ struct Measured {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // The collector would refuse a bound it cannot work with: say so before any run.
+    let mut config = rankscope_collector::CollectorConfig::new(".");
+    config.max_memory_bytes = args.max_memory_bytes;
+    config.check()?;
     let exe = std::env::current_exe().context("finding this binary to start the load")?;
     let collector_bin = match &args.collector_bin {
         Some(bin) if !bin.is_file() => bail!(

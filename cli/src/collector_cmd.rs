@@ -91,7 +91,7 @@ impl Args {
     pub fn config(&self) -> anyhow::Result<CollectorConfig> {
         let mut config = CollectorConfig::new(&self.out);
         config.max_file_age = self.max_file_age.0;
-        config.max_file_rows = self.max_file_rows.max(1);
+        config.max_file_rows = self.max_file_rows;
         config.max_streams = self.max_streams;
         config.max_message_bytes = self.max_message_bytes;
         config.max_memory_bytes = self.max_memory_bytes;

@@ -158,6 +158,13 @@ impl CollectorConfig {
                 self.max_message_bytes.saturating_mul(8)
             ));
         }
+        if self.max_file_rows == 0 {
+            return bad(format!(
+                "--max-file-rows 0 would close every file before its first row: give at least 1 \
+                 (the default is {})",
+                Self::DEFAULT_MAX_FILE_ROWS
+            ));
+        }
         if self.max_streams == 0 {
             return bad(
                 "--max-streams 0 accepts no rank: give at least 1 (the default is 4096)".into(),

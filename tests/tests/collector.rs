@@ -260,6 +260,10 @@ fn bounds_the_collector_cannot_work_with_are_refused() {
             &["--max-message-bytes 67108864", "an eighth", "536870912"],
         ),
         (&["--max-streams", "0"], &["--max-streams 0", "at least 1"]),
+        (
+            &["--max-file-rows", "0"],
+            &["--max-file-rows 0", "at least 1"],
+        ),
     ] {
         let output = std::process::Command::new(rankscope_tests::bin("rankscope"))
             .args(["collector", "--listen", "127.0.0.1:0", "--out"])
