@@ -116,7 +116,8 @@ impl CollectorConfig {
     }
 
     /// The smallest `max_memory_bytes`: the reserve, the decode room and a
-    /// sixteenth for the rows, with room left for a thousand streams.
+    /// sixteenth for the rows, with 96 MiB left for the open streams (about 340
+    /// streams of the agents' batches before the rows are held to their floor).
     pub const MIN_MAX_MEMORY_BYTES: usize = 256 * 1024 * 1024;
     /// The smallest `max_message_bytes`: room for a Hello and a batch of a few rows.
     pub const MIN_MAX_MESSAGE_BYTES: usize = 4096;
@@ -127,11 +128,12 @@ impl CollectorConfig {
         let bad = |text: String| Err(CollectorError::Config(text));
         if self.max_memory_bytes < Self::MIN_MAX_MEMORY_BYTES {
             return bad(format!(
-                "--max-memory-bytes {} is below the smallest bound of {} (256 MiB): the collector \
+                "--max-memory-bytes {} is below the smallest bound of {} ({} MiB): the collector \
                  reserves {} MiB for itself, an eighth for decoding and the rest for the open \
                  streams and the rows; give at least {}",
                 self.max_memory_bytes,
                 Self::MIN_MAX_MEMORY_BYTES,
+                Self::MIN_MAX_MEMORY_BYTES >> 20,
                 intake::RESERVED_BYTES >> 20,
                 Self::MIN_MAX_MEMORY_BYTES
             ));
@@ -166,9 +168,10 @@ impl CollectorConfig {
             ));
         }
         if self.max_streams == 0 {
-            return bad(
-                "--max-streams 0 accepts no rank: give at least 1 (the default is 4096)".into(),
-            );
+            return bad(format!(
+                "--max-streams 0 accepts no rank: give at least 1 (the default is {})",
+                Self::DEFAULT_MAX_STREAMS
+            ));
         }
         Ok(())
     }
