@@ -168,10 +168,18 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
     }
     rows.push(row(
         "overhead",
-        "agent overhead (mean over ranks)",
+        "agent time on the training thread, share of step time (mean over ranks)",
         "%",
         mean_over_ranks(a, |x| x.overhead_pct),
         mean_over_ranks(b, |x| x.overhead_pct),
+        Better::Lower,
+    ));
+    rows.push(row(
+        "overhead",
+        "agent CPU, share of the process's CPU time (mean over ranks)",
+        "%",
+        mean_over_ranks(a, |x| x.cpu_pct),
+        mean_over_ranks(b, |x| x.cpu_pct),
         Better::Lower,
     ));
     let dropped = |r: &Report| Some(r.ranks.iter().map(|x| x.samples_dropped).sum::<i64>() as f64);

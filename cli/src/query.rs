@@ -11,6 +11,7 @@
 //! [`Dataset::run_data`] reads a run into the plain rows the diagnoses take
 //! ([`RunData`]); `summary`, `report` and `compare` run their aggregates as SQL.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -28,6 +29,19 @@ pub struct Dataset {
     ctx: SessionContext,
     runtime: tokio::runtime::Runtime,
     out: PathBuf,
+}
+
+/// What a rank's agents reported in `events` ([`Dataset::rank_events`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RankEvents {
+    /// Activation samples taken but not measured (`samples_dropped`).
+    pub samples_dropped: i64,
+    /// Planned samples not taken (`samples_skipped`).
+    pub samples_skipped: i64,
+    /// Rows lost from full queues (`rows_dropped`).
+    pub rows_dropped: i64,
+    /// The agent's share of the process's CPU time, a fraction (`overhead_share`).
+    pub cpu_share: Option<f64>,
 }
 
 /// A run of the output directory, from its `runs` row or, while rank 0 has not
@@ -189,6 +203,42 @@ impl Dataset {
             budget = budget.or(floats(b, "overhead_budget")?.into_iter().flatten().next());
         }
         Ok(budget)
+    }
+
+    /// Per rank of `run_id`, what its agents reported in `events`: the counts of
+    /// samples dropped and skipped and of rows dropped, and the agent's share of
+    /// the process's CPU time (the largest `overhead_share`, as
+    /// [`crate::analysis::diagnoses::cpu_shares`] reads it).
+    pub fn rank_events(&self, run_id: &str) -> anyhow::Result<BTreeMap<i64, RankEvents>> {
+        use rankscope_agent::event_kind::{
+            OVERHEAD_SHARE, ROWS_DROPPED, SAMPLES_DROPPED, SAMPLES_SKIPPED,
+        };
+        let mut out = BTreeMap::new();
+        for b in &self.sql(&format!(
+            "SELECT CAST(rank AS BIGINT) AS rank,
+                    CAST(sum(CASE WHEN kind = '{SAMPLES_DROPPED}' THEN value ELSE 0 END) AS BIGINT) AS samples_dropped,
+                    CAST(sum(CASE WHEN kind = '{SAMPLES_SKIPPED}' THEN value ELSE 0 END) AS BIGINT) AS samples_skipped,
+                    CAST(sum(CASE WHEN kind = '{ROWS_DROPPED}' THEN value ELSE 0 END) AS BIGINT) AS rows_dropped,
+                    CAST(max(CASE WHEN kind = '{OVERHEAD_SHARE}' AND value >= 0 THEN value END) AS BIGINT) AS cpu_millionths
+             FROM events WHERE run_id = {} GROUP BY rank",
+            literal(run_id)
+        ))? {
+            let rank = ints(b, "rank")?;
+            let (dropped, skipped) = (ints(b, "samples_dropped")?, ints(b, "samples_skipped")?);
+            let (rows, cpu) = (ints(b, "rows_dropped")?, ints(b, "cpu_millionths")?);
+            for i in 0..b.num_rows() {
+                out.insert(
+                    rank[i].unwrap_or_default(),
+                    RankEvents {
+                        samples_dropped: dropped[i].unwrap_or_default(),
+                        samples_skipped: skipped[i].unwrap_or_default(),
+                        rows_dropped: rows[i].unwrap_or_default(),
+                        cpu_share: cpu[i].map(|v| v as f64 / 1e6),
+                    },
+                );
+            }
+        }
+        Ok(out)
     }
 
     /// The rows of `run_id` that the diagnoses read.

@@ -34,6 +34,7 @@ struct RankStats {
     steps: i64,
     step_ms: Option<f64>,
     overhead_pct: Option<f64>,
+    cpu_pct: Option<f64>,
     comm_ms: Option<f64>,
     samples_dropped: i64,
     samples_skipped: i64,
@@ -63,37 +64,33 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
             s.overhead_pct = pct[i];
         }
     }
-    for b in &data.sql(&format!(
-        "SELECT CAST(rank AS BIGINT) AS rank,
-                CAST(sum(CASE WHEN kind = 'samples_dropped' THEN value ELSE 0 END) AS BIGINT) AS dropped,
-                CAST(sum(CASE WHEN kind = 'samples_skipped' THEN value ELSE 0 END) AS BIGINT) AS skipped
-         FROM events WHERE run_id = {id} GROUP BY rank"
-    ))? {
-        let (rank, dropped, skipped) = (ints(b, "rank")?, ints(b, "dropped")?, ints(b, "skipped")?);
-        for i in 0..b.num_rows() {
-            let s = ranks.entry(rank[i].unwrap_or_default()).or_default();
-            s.samples_dropped = dropped[i].unwrap_or_default();
-            s.samples_skipped = skipped[i].unwrap_or_default();
-        }
+    for (rank, e) in data.rank_events(run_id)? {
+        let s = ranks.entry(rank).or_default();
+        s.samples_dropped = e.samples_dropped;
+        s.samples_skipped = e.samples_skipped;
+        s.cpu_pct = e.cpu_share.map(|c| 100.0 * c);
     }
     let mut text = format!("run {run_id}\n\n");
-    text += "rank   steps   mean step ms   mean comm ms   overhead %   samples skipped   samples dropped\n";
+    text += "rank   steps   mean step ms   mean comm ms   overhead %   agent cpu %   samples skipped   samples dropped\n";
     let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
     for (rank, s) in &ranks {
         text += &format!(
-            "{rank:>4}   {:>5}   {:>12}   {:>12}   {:>10}   {:>15}   {:>15}\n",
+            "{rank:>4}   {:>5}   {:>12}   {:>12}   {:>10}   {:>11}   {:>15}   {:>15}\n",
             s.steps,
             show(s.step_ms),
             show(s.comm_ms),
             show(s.overhead_pct),
+            show(s.cpu_pct),
             s.samples_skipped,
             s.samples_dropped
         );
     }
+    text += "(overhead %: the agent's time on the training thread as a share of step time; \
+             agent cpu %: the agent's share of the process's CPU time, reported when it finished)\n";
     if let Some(budget) = data.overhead_budget(run_id)? {
         text += &format!(
-            "(overhead %: the agent's time on the training thread as a share of step time; \
-             the run's overhead budget is {} of each process's CPU time, RANKSCOPE_OVERHEAD_BUDGET)\n",
+            "(the run's overhead budget is {} of each process's CPU time, RANKSCOPE_OVERHEAD_BUDGET; \
+             the agent_overhead diagnosis holds both shares to it)\n",
             crate::analysis::diagnoses::budget_percent(budget)
         );
     }

@@ -281,6 +281,35 @@ fn samples_skipped_for_the_overhead_budget_are_counted_as_events() {
         summary.contains("the run's overhead budget is 0.0001% of each process's CPU time"),
         "{summary}"
     );
+    // The summary shows the agent's CPU share as the agent reported it, and
+    // the agent_overhead diagnosis holds that share to the budget.
+    let share = event("overhead_share")[0];
+    let row: Vec<&str> = summary
+        .lines()
+        .find(|l| l.trim_start().starts_with("0 "))
+        .unwrap_or_else(|| panic!("no row for rank 0: {summary}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[5], format!("{:.3}", share as f64 / 1e4), "{summary}");
+    let json = dir.path().join("report.json");
+    rankscope_tests::rankscope(&[
+        "report",
+        out.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let cpu_pct = report["ranks"][0]["cpu_pct"].as_f64().unwrap();
+    assert!((cpu_pct - share as f64 / 1e4).abs() < 1e-9, "{report}");
+    let overhead = report["diagnoses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["kind"] == "agent_overhead")
+        .unwrap_or_else(|| panic!("no agent_overhead diagnosis: {report}"));
+    let cpu_share = overhead["ranks"][0]["cpu_share"].as_f64().unwrap();
+    assert!((cpu_share - share as f64 / 1e6).abs() < 1e-12, "{overhead}");
     assert_eq!(
         count(
             out,

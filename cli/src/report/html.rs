@@ -316,6 +316,19 @@ fn overhead(h: &mut String, report: &Report) -> anyhow::Result<()> {
         &categories,
         &[("overhead %".into(), values)],
     )?);
+    if report.ranks.iter().any(|r| r.cpu_pct.is_some()) {
+        let cpu: Vec<f64> = report
+            .ranks
+            .iter()
+            .map(|r| r.cpu_pct.unwrap_or(0.0))
+            .collect();
+        h.push_str(&plots::stacked_bars(
+            "agent CPU time, % of the process's CPU time (reported at finish)",
+            "%",
+            &categories,
+            &[("agent cpu %".into(), cpu)],
+        )?);
+    }
     let dropped: i64 = report.ranks.iter().map(|r| r.samples_dropped).sum();
     let rows: i64 = report.ranks.iter().map(|r| r.rows_dropped).sum();
     let skipped: i64 = report.ranks.iter().map(|r| r.samples_skipped).sum();

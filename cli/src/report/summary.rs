@@ -75,6 +75,11 @@ pub struct RankSummary {
     pub phases: BTreeMap<String, PhaseStats>,
     /// Σ overhead_ms / Σ step_ms, in percent.
     pub overhead_pct: Option<f64>,
+    /// The agent's share of the process's CPU time, in percent, as it reported
+    /// at finish (`overhead_share`); absent for a rank that did not finish and
+    /// in reports written before it was added.
+    #[serde(default)]
+    pub cpu_pct: Option<f64>,
     pub peak_rss_bytes: Option<u64>,
     pub peak_device_allocated_bytes: Option<u64>,
     pub samples_dropped: i64,
@@ -158,7 +163,7 @@ pub struct ModelLayer {
 /// read once by the caller for the diagnoses and the plots.
 pub fn build(dataset: &Dataset, info: &RunInfo, data: &RunData) -> anyhow::Result<Report> {
     let id = literal(&info.run_id);
-    let ranks = rank_summaries(dataset, &id, data)?;
+    let ranks = rank_summaries(dataset, &info.run_id, data)?;
     let finished = dataset.sql(&format!(
         "SELECT count(DISTINCT rank) AS n FROM ranks
          WHERE run_id = {id} AND finished_at IS NOT NULL"
@@ -187,7 +192,12 @@ pub fn build(dataset: &Dataset, info: &RunInfo, data: &RunData) -> anyhow::Resul
     })
 }
 
-fn rank_summaries(dataset: &Dataset, id: &str, data: &RunData) -> anyhow::Result<Vec<RankSummary>> {
+fn rank_summaries(
+    dataset: &Dataset,
+    run_id: &str,
+    data: &RunData,
+) -> anyhow::Result<Vec<RankSummary>> {
+    let id = literal(run_id);
     let mut select = String::from(
         "SELECT CAST(rank AS BIGINT) AS rank, count(*) AS steps,
                 100 * sum(overhead_ms) / sum(step_ms) AS overhead_pct,
@@ -203,27 +213,7 @@ fn rank_summaries(dataset: &Dataset, id: &str, data: &RunData) -> anyhow::Result
         select += &format!(", avg({c}) AS {phase}_mean, count({c}) AS {phase}_n");
     }
     select += &format!(" FROM steps WHERE run_id = {id} GROUP BY rank ORDER BY rank");
-    let mut drops: BTreeMap<i64, (i64, i64, i64)> = BTreeMap::new();
-    for b in &dataset.sql(&format!(
-        "SELECT CAST(rank AS BIGINT) AS rank,
-                CAST(sum(CASE WHEN kind = 'samples_dropped' THEN value ELSE 0 END) AS BIGINT) AS samples,
-                CAST(sum(CASE WHEN kind = 'rows_dropped' THEN value ELSE 0 END) AS BIGINT) AS rows_dropped,
-                CAST(sum(CASE WHEN kind = 'samples_skipped' THEN value ELSE 0 END) AS BIGINT) AS skipped
-         FROM events WHERE run_id = {id} GROUP BY rank"
-    ))? {
-        let (rank, s, r) = (ints(b, "rank")?, ints(b, "samples")?, ints(b, "rows_dropped")?);
-        let skipped = ints(b, "skipped")?;
-        for i in 0..b.num_rows() {
-            drops.insert(
-                rank[i].unwrap_or_default(),
-                (
-                    s[i].unwrap_or_default(),
-                    r[i].unwrap_or_default(),
-                    skipped[i].unwrap_or_default(),
-                ),
-            );
-        }
-    }
+    let events = dataset.rank_events(run_id)?;
     let mut out = Vec::new();
     for b in &dataset.sql(&select)? {
         let (rank, steps) = (ints(b, "rank")?, ints(b, "steps")?);
@@ -261,8 +251,7 @@ fn rank_summaries(dataset: &Dataset, id: &str, data: &RunData) -> anyhow::Result
                     );
                 }
             }
-            let (samples_dropped, rows_dropped, samples_skipped) =
-                drops.get(&r).copied().unwrap_or_default();
+            let e = events.get(&r).copied().unwrap_or_default();
             out.push(RankSummary {
                 rank: r as u32,
                 node_rank: info.map_or(0, |x| x.node_rank),
@@ -270,11 +259,12 @@ fn rank_summaries(dataset: &Dataset, id: &str, data: &RunData) -> anyhow::Result
                 steps: steps[i].unwrap_or_default() as u64,
                 phases,
                 overhead_pct: overhead[i],
+                cpu_pct: e.cpu_share.map(|c| 100.0 * c),
                 peak_rss_bytes: rss[i].map(|v| v as u64),
                 peak_device_allocated_bytes: dev[i].map(|v| v as u64),
-                samples_dropped,
-                samples_skipped,
-                rows_dropped,
+                samples_dropped: e.samples_dropped,
+                samples_skipped: e.samples_skipped,
+                rows_dropped: e.rows_dropped,
             });
         }
     }

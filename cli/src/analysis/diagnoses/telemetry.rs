@@ -3,18 +3,32 @@
 
 use std::collections::BTreeMap;
 
+use rankscope_agent::event_kind;
 use serde::{Deserialize, Serialize};
 
 use super::{Diagnosis, Evidence, RunData, Thresholds};
 
-/// One rank's overhead.
+/// One rank's overhead, in the two measures the agent records.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RankOverhead {
     pub rank: u32,
-    /// Σ overhead_ms / Σ step_ms.
+    /// The agent's share of the process's CPU time, the measure the budget
+    /// limits (the rank's `overhead_share` event, as a fraction); `None` when the
+    /// rank did not finish and so never reported it.
+    #[serde(default)]
+    pub cpu_share: Option<f64>,
+    /// Σ overhead_ms / Σ step_ms: the agent's time on the training thread, as a
+    /// share of step time.
     pub share: f64,
     pub overhead_ms: f64,
     pub steps: usize,
+}
+
+impl RankOverhead {
+    /// The larger of the two shares, the one held to the budget.
+    fn worst(&self) -> f64 {
+        self.cpu_share.map_or(self.share, |c| c.max(self.share))
+    }
 }
 
 /// Evidence of [`agent_overhead`].
@@ -25,9 +39,32 @@ pub struct OverheadEvidence {
     pub budget: f64,
 }
 
-/// Ranks where the agent took more than its budget of the training thread's
-/// time (Σ overhead_ms / Σ step_ms): the run's recorded budget, else
-/// `t.overhead_budget`. A budget of 100 % sets no limit.
+/// Per rank, the agent's share of the process's CPU time (a fraction), from its
+/// `overhead_share` events: the largest when a rank reported several (one per
+/// agent that finished, so a restarted rank may have more than one).
+pub fn cpu_shares(run: &RunData) -> BTreeMap<u32, f64> {
+    let mut shares: BTreeMap<u32, f64> = BTreeMap::new();
+    for e in &run.events {
+        if e.kind != event_kind::OVERHEAD_SHARE {
+            continue;
+        }
+        if let Some(v) = e.value.filter(|v| *v >= 0) {
+            let share = v as f64 / 1e6;
+            let slot = shares.entry(e.rank).or_insert(share);
+            *slot = slot.max(share);
+        }
+    }
+    shares
+}
+
+/// Ranks where the agent took more than its budget: the run's recorded budget,
+/// else `t.overhead_budget`. A budget of 100 % sets no limit. Two measures are
+/// held to it, and a rank is over when either is:
+/// - the agent's share of the process's CPU time (the `overhead_share` event at
+///   finish), which is what `RANKSCOPE_OVERHEAD_BUDGET` limits;
+/// - its time on the training thread as a share of step time (Σ overhead_ms /
+///   Σ step_ms), which delays every step directly. On a process that runs many
+///   threads the first can stay within the budget while the second does not.
 pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
     // A recorded budget that no agent writes (0, negative, NaN) reads as unrecorded.
     let budget = run
@@ -37,6 +74,7 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
     if budget >= 1.0 {
         return None;
     }
+    let cpu = cpu_shares(run);
     let mut per_rank: BTreeMap<u32, (f64, f64, usize)> = BTreeMap::new();
     for s in &run.steps {
         let e = per_rank.entry(s.rank).or_default();
@@ -49,25 +87,33 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
         .filter(|(_, (_, step, _))| *step > 0.0)
         .map(|(rank, (overhead_ms, step, steps))| RankOverhead {
             rank,
+            cpu_share: cpu.get(&rank).copied(),
             share: overhead_ms / step,
             overhead_ms,
             steps,
         })
-        .filter(|r| r.share > budget)
+        .filter(|r| r.worst() > budget)
         .collect();
     if over.is_empty() {
         return None;
     }
-    over.sort_by(|a, b| b.share.total_cmp(&a.share));
+    over.sort_by(|a, b| b.worst().total_cmp(&a.worst()));
+    let top = &over[0];
+    let measure = match top.cpu_share {
+        Some(c) if c >= top.share => format!("{:.2}% of the process's CPU time", 100.0 * c),
+        _ => format!(
+            "{:.2}% of step time on the training thread",
+            100.0 * top.share
+        ),
+    };
     Some(Diagnosis {
         message: format!(
-            "agent overhead above its {} budget on {} rank{} (rank {}: {:.2}% of step time); \
+            "agent overhead above its {} budget on {} rank{} (rank {}: {measure}); \
              sample less often (RANKSCOPE_SAMPLE_EVERY) or fewer layers (RANKSCOPE_LAYERS)",
             budget_percent(budget),
             over.len(),
             if over.len() == 1 { "" } else { "s" },
-            over[0].rank,
-            100.0 * over[0].share
+            top.rank,
         ),
         evidence: Evidence::AgentOverhead(OverheadEvidence {
             ranks: over,
@@ -103,8 +149,8 @@ pub fn telemetry_loss(run: &RunData) -> Option<Diagnosis> {
             continue;
         };
         let slot = match e.kind.as_str() {
-            "samples_dropped" => &mut evidence.samples_dropped,
-            "rows_dropped" => &mut evidence.rows_dropped,
+            event_kind::SAMPLES_DROPPED => &mut evidence.samples_dropped,
+            event_kind::ROWS_DROPPED => &mut evidence.rows_dropped,
             _ => continue,
         };
         *slot.entry(e.rank).or_default() += v;
@@ -172,6 +218,55 @@ mod tests {
         assert!(
             agent_overhead(&run, &t).is_some(),
             "NaN reads as the default"
+        );
+    }
+
+    fn share_event(rank: u32, millionths: i64) -> EventRecord {
+        EventRecord {
+            rank,
+            kind: "overhead_share".into(),
+            value: Some(millionths),
+            step: None,
+        }
+    }
+
+    #[test]
+    fn overhead_over_budget_in_cpu_time() {
+        let t = Thresholds::default();
+        let mut run = synthetic::healthy(4, 1, 50, 9);
+        // Within 2 % of the process's CPU time: silent.
+        run.events.push(share_event(1, 19_000));
+        assert!(agent_overhead(&run, &t).is_none());
+        // Over it on rank 2, though its training-thread share is small.
+        run.events.push(share_event(2, 35_000));
+        let d = agent_overhead(&run, &t).expect("over budget in CPU time");
+        let Evidence::AgentOverhead(e) = &d.evidence else {
+            panic!()
+        };
+        assert_eq!(e.ranks.len(), 1);
+        assert_eq!(e.ranks[0].rank, 2);
+        assert_eq!(e.ranks[0].cpu_share, Some(0.035));
+        assert!(e.ranks[0].share < 0.02);
+        assert!(
+            d.message
+                .contains("rank 2: 3.50% of the process's CPU time"),
+            "{}",
+            d.message
+        );
+        // A restarted rank reports once per agent: the largest counts.
+        run.events.push(share_event(2, 1_000));
+        assert_eq!(cpu_shares(&run).get(&2), Some(&0.035));
+        // The training thread's share is held to the budget too, and named when
+        // it is the larger.
+        for s in run.steps.iter_mut().filter(|s| s.rank == 1) {
+            s.overhead_ms = 0.05 * s.step_ms;
+        }
+        let d = agent_overhead(&run, &t).expect("two ranks over");
+        assert!(
+            d.message
+                .contains("2 ranks (rank 1: 5.00% of step time on the training thread)"),
+            "{}",
+            d.message
         );
     }
 
