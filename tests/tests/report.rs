@@ -106,6 +106,10 @@ fn the_report_renders_in_a_real_browser_and_compare_shows_directions() {
     assert_eq!(r["run"]["run_id"], "second");
     assert_eq!(r["run"]["ranks_seen"], 2);
     assert_eq!(r["run"]["ranks_finished"], 2);
+    assert_eq!(
+        r["run"]["overhead_budget"], 1.0,
+        "RANKSCOPE_OVERHEAD_BUDGET=100%"
+    );
     let ranks = r["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 2, "{r}");
     for rank in ranks {
@@ -145,6 +149,10 @@ fn the_report_renders_in_a_real_browser_and_compare_shows_directions() {
             "section {id} missing from the rendered DOM"
         );
     }
+    assert!(
+        dom_text.contains("overhead budget: 100% of each process's CPU time"),
+        "the overhead section states the run's budget"
+    );
     let svgs = dom_text.matches("<svg").count();
     // loss, heatmap, phases, memory, overhead, and one per layer.
     assert!(svgs >= 5 + LAYERS, "{svgs} SVG plots in the rendered DOM");

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use super::plots::{self, SMALL, Series, WIDE};
 use super::summary::{LayerSummary, Report};
-use crate::analysis::diagnoses::RunData;
+use crate::analysis::diagnoses::{self, RunData};
 
 /// Columns of the step-time heatmap at most (steps are binned beyond that).
 const HEATMAP_COLUMNS: usize = 240;
@@ -332,9 +332,18 @@ fn overhead(h: &mut String, report: &Report) -> anyhow::Result<()> {
     let dropped: i64 = report.ranks.iter().map(|r| r.samples_dropped).sum();
     let rows: i64 = report.ranks.iter().map(|r| r.rows_dropped).sum();
     let skipped: i64 = report.ranks.iter().map(|r| r.samples_skipped).sum();
+    let budget = report
+        .run
+        .overhead_budget
+        .map_or("not recorded".to_string(), |b| {
+            format!(
+                "{} of each process's CPU time (RANKSCOPE_OVERHEAD_BUDGET)",
+                diagnoses::budget_percent(b)
+            )
+        });
     writeln!(
         h,
-        "<p class=\"meta\">activation samples skipped within the overhead budget: {skipped} · dropped: {dropped} · rows dropped: {rows}</p></section>"
+        "<p class=\"meta\">overhead budget: {budget} · activation samples skipped within it: {skipped} · dropped: {dropped} · rows dropped: {rows}</p></section>"
     )?;
     Ok(())
 }

@@ -52,6 +52,10 @@ pub struct Run {
     /// `ranks_seen` while the run is still going.
     pub ranks_finished: usize,
     pub last_step: Option<u64>,
+    /// The agents' overhead budget as a fraction (`runs.overhead_budget`), when
+    /// the run recorded it.
+    #[serde(default)]
+    pub overhead_budget: Option<f64>,
 }
 
 /// Percentiles of one phase's time over a rank's steps (ms).
@@ -183,6 +187,7 @@ pub fn build(dataset: &Dataset, info: &RunInfo, data: &RunData) -> anyhow::Resul
             ranks_seen: ranks.len(),
             ranks_finished,
             last_step,
+            overhead_budget: data.overhead_budget,
         },
         ranks,
         loss: loss_summary(dataset, &id)?,
