@@ -22,7 +22,7 @@ use datafusion::datasource::MemTable;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use rankscope_collector::table::{self, Table};
 
-use crate::analysis::diagnoses::{EventRecord, LayerRecord, RankInfo, RunData, StepRecord};
+use crate::analysis::diagnoses::{self, EventRecord, LayerRecord, RankInfo, RunData, StepRecord};
 
 /// The collector's output directory, open for SQL.
 pub struct Dataset {
@@ -219,7 +219,7 @@ impl Dataset {
                     CAST(sum(CASE WHEN kind = '{SAMPLES_DROPPED}' THEN value ELSE 0 END) AS BIGINT) AS samples_dropped,
                     CAST(sum(CASE WHEN kind = '{SAMPLES_SKIPPED}' THEN value ELSE 0 END) AS BIGINT) AS samples_skipped,
                     CAST(sum(CASE WHEN kind = '{ROWS_DROPPED}' THEN value ELSE 0 END) AS BIGINT) AS rows_dropped,
-                    CAST(max(CASE WHEN kind = '{OVERHEAD_SHARE}' AND value >= 0 THEN value END) AS BIGINT) AS cpu_millionths
+                    CAST(max(CASE WHEN kind = '{OVERHEAD_SHARE}' THEN value END) AS BIGINT) AS cpu_millionths
              FROM events WHERE run_id = {} GROUP BY rank",
             literal(run_id)
         ))? {
@@ -233,7 +233,7 @@ impl Dataset {
                         samples_dropped: dropped[i].unwrap_or_default(),
                         samples_skipped: skipped[i].unwrap_or_default(),
                         rows_dropped: rows[i].unwrap_or_default(),
-                        cpu_share: cpu[i].map(|v| v as f64 / 1e6),
+                        cpu_share: cpu[i].and_then(diagnoses::share_of_millionths),
                     },
                 );
             }

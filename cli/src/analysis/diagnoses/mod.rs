@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
 
 pub use layers::{collapse, dead_layers, layer_series, nonfinite_onset, shard_skew};
 pub use memory::memory_creep;
-pub use telemetry::{agent_overhead, budget_percent, cpu_shares, telemetry_loss};
+pub use telemetry::{
+    agent_overhead, budget_percent, cpu_shares, share_of_millionths, telemetry_loss,
+};
 pub use timing::{input_bound, node_imbalance, straggler};
 
 /// One rank's identity (the `ranks` table).

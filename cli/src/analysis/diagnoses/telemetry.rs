@@ -48,13 +48,18 @@ pub fn cpu_shares(run: &RunData) -> BTreeMap<u32, f64> {
         if e.kind != event_kind::OVERHEAD_SHARE {
             continue;
         }
-        if let Some(v) = e.value.filter(|v| *v >= 0) {
-            let share = v as f64 / 1e6;
+        if let Some(share) = e.value.and_then(share_of_millionths) {
             let slot = shares.entry(e.rank).or_insert(share);
             *slot = slot.max(share);
         }
     }
     shares
+}
+
+/// An `overhead_share` event's value (millionths of the process's CPU time)
+/// as a fraction; `None` for a negative value, which no agent writes.
+pub fn share_of_millionths(value: i64) -> Option<f64> {
+    (value >= 0).then(|| value as f64 / 1e6)
 }
 
 /// Ranks where the agent took more than its budget: the run's recorded budget,
