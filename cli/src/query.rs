@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
 use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Float64Type, Int64Type, UInt64Type};
+use arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type, UInt64Type};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use rankscope_collector::table::{self, Table};
@@ -380,9 +380,12 @@ fn wrong(name: &str, found: &DataType, want: &str) -> anyhow::Error {
     anyhow!("the query result's column {name} is {found}, not {want}")
 }
 
-/// A Float64 column of a query result.
+/// A Float64 (or Float32) column of a query result, as f64.
 pub fn floats(b: &RecordBatch, name: &str) -> anyhow::Result<Vec<Option<f64>>> {
     let c = column(b, name)?;
+    if let Some(a) = c.as_primitive_opt::<Float32Type>() {
+        return Ok(a.iter().map(|v| v.map(f64::from)).collect());
+    }
     Ok(c.as_primitive_opt::<Float64Type>()
         .ok_or_else(|| wrong(name, c.data_type(), "Float64"))?
         .iter()

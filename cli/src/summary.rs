@@ -242,4 +242,33 @@ mod tests {
         let text = summarise(out.path(), "r").unwrap();
         assert!(text.contains("10.000"), "{text}");
     }
+
+    #[test]
+    fn float64_layers_files_of_older_releases_are_summarised() {
+        // Before `layers` stored its measured values as float32, they were float64.
+        let out = tempfile::tempdir().unwrap();
+        write(
+            out.path(),
+            "layers",
+            vec![
+                ("rank", Arc::new(UInt32Array::from(vec![0, 0]))),
+                (
+                    "step",
+                    Arc::new(arrow::array::UInt64Array::from(vec![0, 1])),
+                ),
+                ("layer", Arc::new(StringArray::from(vec!["fc", "fc"]))),
+                ("stable_rank", Arc::new(Float64Array::from(vec![4.0, 2.0]))),
+                (
+                    "effective_rank",
+                    Arc::new(Float64Array::from(vec![8.25, 6.5])),
+                ),
+            ],
+        );
+        let text = summarise(out.path(), "r").unwrap();
+        assert!(
+            text.contains("fc                     2.000            6.500"),
+            "{text}"
+        );
+        assert!(text.contains("down -50.0% over 2 samples"), "{text}");
+    }
 }

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray,
+    ArrayRef, BooleanArray, Float32Array, Float64Array, Int64Array, RecordBatch, StringArray,
     TimestampMicrosecondArray, UInt32Array, UInt64Array,
 };
 use prost::Message as _;
@@ -262,17 +262,17 @@ pub fn reference_records(batch: &Batch, run_id: &str, rank: u32) -> Vec<(Table, 
                 cols.bool(rows, |r| r.centered);
                 cols.str(rows, |r| &r.conv_layout);
                 cols.str(rows, |r| &r.method);
-                cols.f64(rows, |r| r.stable_rank);
-                cols.f64(rows, |r| r.participation_ratio);
-                cols.f64(rows, |r| r.participation_ratio_sv);
+                cols.f32(rows, |r| r.stable_rank);
+                cols.f32(rows, |r| r.participation_ratio);
+                cols.f32(rows, |r| r.participation_ratio_sv);
                 cols.u32(rows, |r| r.cum_energy_90);
-                cols.f64(rows, |r| r.nuclear_norm_ratio);
-                cols.f64(rows, |r| r.effective_rank);
-                cols.f64(rows, |r| r.mean);
-                cols.f64(rows, |r| r.std);
-                cols.f64(rows, |r| r.zero_fraction);
+                cols.f32(rows, |r| r.nuclear_norm_ratio);
+                cols.f32(rows, |r| r.effective_rank);
+                cols.f32(rows, |r| r.mean);
+                cols.f32(rows, |r| r.std);
+                cols.f32(rows, |r| r.zero_fraction);
                 cols.u64(rows, |r| Some(r.nonfinite));
-                cols.f64(rows, |r| Some(r.compute_ms));
+                cols.f32(rows, |r| Some(r.compute_ms));
             }
             Table::Model => {
                 let rows = &batch.model;
@@ -322,6 +322,15 @@ impl Columns {
     fn f64<R>(&mut self, rows: &[R], f: impl Fn(&R) -> Option<f64>) {
         self.0
             .push(Arc::new(rows.iter().map(f).collect::<Float64Array>()));
+    }
+
+    /// A `double` field stored as float32: rounded to nearest, as `table` does.
+    fn f32<R>(&mut self, rows: &[R], f: impl Fn(&R) -> Option<f64>) {
+        self.0.push(Arc::new(
+            rows.iter()
+                .map(|r| f(r).map(|v| v as f32))
+                .collect::<Float32Array>(),
+        ));
     }
 
     fn u64<R>(&mut self, rows: &[R], f: impl Fn(&R) -> Option<u64>) {

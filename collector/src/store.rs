@@ -126,8 +126,9 @@ fn parquet_io(e: ParquetError) -> Result<io::Error, ParquetError> {
 }
 
 /// Properties of a Parquet file of `schema`: zstd, and per column the encoding
-/// that suits its values. Values are stored exactly as they arrive (float64
-/// stays float64).
+/// that suits its values. Values are stored as `table::columns` types them:
+/// `layers`' measured values as float32 (`Kind::F32` says why), every other
+/// float as float64.
 /// - Float columns (measured values) use BYTE_STREAM_SPLIT, which groups the
 ///   bytes of each position so zstd finds the shared exponents and leading
 ///   mantissa bytes.

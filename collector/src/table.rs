@@ -13,8 +13,9 @@
 use std::sync::{Arc, OnceLock};
 
 use arrow::array::{
-    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, RecordBatch, StringBuilder,
-    TimestampMicrosecondBuilder, UInt32Array, UInt32Builder, UInt64Array, UInt64Builder,
+    ArrayRef, BooleanBuilder, Float32Builder, Float64Builder, Int64Builder, RecordBatch,
+    StringBuilder, TimestampMicrosecondBuilder, UInt32Array, UInt32Builder, UInt64Array,
+    UInt64Builder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use rankscope_proto::v1::RecordingMode;
@@ -37,6 +38,12 @@ pub enum Kind {
     Time,
     /// `double`, as `Float64`.
     F64,
+    /// `double`, as `Float32`, rounded to nearest: a relative error of at most
+    /// 2⁻²⁴ (6e-8), for values measured from float32 (or narrower) data, whose
+    /// float64 digits past the seventh carry nothing. A finite value past
+    /// float32's range (±3.4e38) becomes ±inf; one below 1.2e-38 loses digits
+    /// or becomes 0.
+    F32,
     /// `bool`, as `Boolean`.
     Bool,
     /// `string`, as `Utf8`.
@@ -51,7 +58,7 @@ impl Kind {
     /// length-delimited).
     pub const fn wire_type(self) -> u8 {
         match self {
-            Kind::F64 => 1,
+            Kind::F64 | Kind::F32 => 1,
             Kind::Str => 2,
             _ => 0,
         }
@@ -64,6 +71,7 @@ impl Kind {
             Kind::I64 => DataType::Int64,
             Kind::Time => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
             Kind::F64 => DataType::Float64,
+            Kind::F32 => DataType::Float32,
             Kind::Bool => DataType::Boolean,
             Kind::Str | Kind::Mode => DataType::Utf8,
         }
@@ -74,7 +82,7 @@ impl Kind {
     const fn row_bytes(self) -> usize {
         match self {
             Kind::U64 | Kind::I64 | Kind::Time | Kind::F64 => 9,
-            Kind::U32 | Kind::Str | Kind::Mode => 5,
+            Kind::U32 | Kind::F32 | Kind::Str | Kind::Mode => 5,
             Kind::Bool => 1,
         }
     }
@@ -125,7 +133,7 @@ const fn opt(name: &'static str, field: u32, kind: Kind) -> Column {
     }
 }
 
-use Kind::{Bool, F64, I64, Mode, Str, Time, U32, U64};
+use Kind::{Bool, F32, F64, I64, Mode, Str, Time, U32, U64};
 
 const RUNS: &[Column] = &[
     col("started_at", 1, Time),
@@ -180,17 +188,17 @@ const LAYERS: &[Column] = &[
     col("centered", 6, Bool),
     col("conv_layout", 18, Str),
     col("method", 19, Str),
-    opt("stable_rank", 7, F64),
-    opt("participation_ratio", 8, F64),
-    opt("participation_ratio_sv", 9, F64),
+    opt("stable_rank", 7, F32),
+    opt("participation_ratio", 8, F32),
+    opt("participation_ratio_sv", 9, F32),
     opt("cum_energy_90", 10, U32),
-    opt("nuclear_norm_ratio", 11, F64),
-    opt("effective_rank", 12, F64),
-    opt("mean", 13, F64),
-    opt("std", 14, F64),
-    opt("zero_fraction", 15, F64),
+    opt("nuclear_norm_ratio", 11, F32),
+    opt("effective_rank", 12, F32),
+    opt("mean", 13, F32),
+    opt("std", 14, F32),
+    opt("zero_fraction", 15, F32),
     col("nonfinite", 16, U64),
-    col("compute_ms", 17, F64),
+    col("compute_ms", 17, F32),
 ];
 
 const MODEL: &[Column] = &[
@@ -338,6 +346,7 @@ enum Builder {
     I64(Int64Builder),
     Time(TimestampMicrosecondBuilder),
     F64(Float64Builder),
+    F32(Float32Builder),
     Bool(BooleanBuilder),
     Str(StringBuilder),
     /// A `RecordingMode`, written as its label.
@@ -354,6 +363,7 @@ impl Builder {
                 Builder::Time(TimestampMicrosecondBuilder::with_capacity(rows).with_timezone("UTC"))
             }
             Kind::F64 => Builder::F64(Float64Builder::with_capacity(rows)),
+            Kind::F32 => Builder::F32(Float32Builder::with_capacity(rows)),
             Kind::Bool => Builder::Bool(BooleanBuilder::with_capacity(rows)),
             // Label-sized strings: 16 bytes a row to start with.
             Kind::Str => Builder::Str(StringBuilder::with_capacity(rows, rows * 16)),
@@ -368,6 +378,7 @@ impl Builder {
             Builder::I64(b) => Arc::new(b.finish()),
             Builder::Time(b) => Arc::new(b.finish()),
             Builder::F64(b) => Arc::new(b.finish()),
+            Builder::F32(b) => Arc::new(b.finish()),
             Builder::Bool(b) => Arc::new(b.finish()),
             Builder::Str(b) | Builder::Mode(b) => Arc::new(b.finish()),
         }
@@ -427,6 +438,7 @@ impl TableBuilder {
                 Builder::I64(b) => b.append_option((!null).then_some(v as i64)),
                 Builder::Time(b) => b.append_option((!null).then_some(v as i64)),
                 Builder::F64(b) => b.append_option((!null).then_some(f64::from_bits(v))),
+                Builder::F32(b) => b.append_option((!null).then_some(f64::from_bits(v) as f32)),
                 Builder::Bool(b) => b.append_value(v != 0),
                 Builder::Mode(b) => b.append_value(mode_label(v)),
                 Builder::Str(b) => {
@@ -506,7 +518,7 @@ mod tests {
             U64 => "uint64",
             U32 => "uint32",
             I64 | Time => "int64",
-            F64 => "double",
+            F64 | F32 => "double",
             Bool => "bool",
             Str => "string",
             Mode => "RecordingMode",
