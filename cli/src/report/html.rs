@@ -295,40 +295,63 @@ fn memory(h: &mut String, data: &RunData) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A bar per rank that has a value; the ranks without one are named below the
+/// chart (`why`) instead of drawn as 0. Nothing when no rank has a value.
+fn per_rank_bars(
+    h: &mut String,
+    title: &str,
+    series: &str,
+    values: &[(u32, Option<f64>)],
+    why: &str,
+) -> anyhow::Result<()> {
+    let (with, without): (Vec<_>, Vec<_>) = values.iter().partition(|(_, v)| v.is_some());
+    if with.is_empty() {
+        return Ok(());
+    }
+    let categories: Vec<String> = with.iter().map(|(r, _)| format!("rank {r}")).collect();
+    let bars: Vec<f64> = with.iter().filter_map(|(_, v)| *v).collect();
+    h.push_str(&plots::stacked_bars(
+        title,
+        "%",
+        &categories,
+        &[(series.into(), bars)],
+    )?);
+    if !without.is_empty() {
+        let ranks: Vec<String> = without.iter().map(|(r, _)| r.to_string()).collect();
+        writeln!(
+            h,
+            "<p class=\"meta\">{series}, no value for rank {}: {why}</p>",
+            ranks.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
 fn overhead(h: &mut String, report: &Report) -> anyhow::Result<()> {
     writeln!(
         h,
         "<section id=\"overhead\"><h2>Agent overhead per rank</h2>"
     )?;
-    let categories: Vec<String> = report
+    let overhead: Vec<(u32, Option<f64>)> = report
         .ranks
         .iter()
-        .map(|r| format!("rank {}", r.rank))
+        .map(|r| (r.rank, r.overhead_pct))
         .collect();
-    let values: Vec<f64> = report
-        .ranks
-        .iter()
-        .map(|r| r.overhead_pct.unwrap_or(0.0))
-        .collect();
-    h.push_str(&plots::stacked_bars(
+    per_rank_bars(
+        h,
         "agent time on the training thread, % of step time",
-        "%",
-        &categories,
-        &[("overhead %".into(), values)],
-    )?);
-    if report.ranks.iter().any(|r| r.cpu_pct.is_some()) {
-        let cpu: Vec<f64> = report
-            .ranks
-            .iter()
-            .map(|r| r.cpu_pct.unwrap_or(0.0))
-            .collect();
-        h.push_str(&plots::stacked_bars(
-            "agent CPU time, % of the process's CPU time (reported at finish)",
-            "%",
-            &categories,
-            &[("agent cpu %".into(), cpu)],
-        )?);
-    }
+        "overhead %",
+        &overhead,
+        "no steps recorded",
+    )?;
+    let cpu: Vec<(u32, Option<f64>)> = report.ranks.iter().map(|r| (r.rank, r.cpu_pct)).collect();
+    per_rank_bars(
+        h,
+        "agent CPU time, % of the process's CPU time (reported at finish)",
+        "agent cpu %",
+        &cpu,
+        "not reported yet: the rank has not finished",
+    )?;
     let dropped: i64 = report.ranks.iter().map(|r| r.samples_dropped).sum();
     let rows: i64 = report.ranks.iter().map(|r| r.rows_dropped).sum();
     let skipped: i64 = report.ranks.iter().map(|r| r.samples_skipped).sum();
@@ -425,5 +448,23 @@ mod tests {
             escape("<a href=\"x\">&'"),
             "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
         );
+    }
+
+    #[test]
+    fn ranks_without_a_value_are_named_not_drawn_as_zero() {
+        let mut h = String::new();
+        let values = [(0, Some(1.5)), (1, None), (2, Some(2.5)), (3, None)];
+        per_rank_bars(&mut h, "cpu", "agent cpu %", &values, "not finished").unwrap();
+        let label = |r: u32| format!(">\nrank {r}\n<");
+        assert!(h.contains(&label(0)) && h.contains(&label(2)), "{h}");
+        assert!(!h.contains(&label(1)) && !h.contains(&label(3)), "{h}");
+        assert!(
+            h.contains("agent cpu %, no value for rank 1, 3: not finished"),
+            "{h}"
+        );
+
+        let mut h = String::new();
+        per_rank_bars(&mut h, "cpu", "agent cpu %", &[(0, None)], "not finished").unwrap();
+        assert!(h.is_empty(), "no chart when no rank has a value: {h}");
     }
 }
