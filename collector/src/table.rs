@@ -39,8 +39,8 @@ pub enum Kind {
     /// `double`, as `Float64`.
     F64,
     /// `double`, as `Float32`, rounded to nearest: a relative error of at most
-    /// 2⁻²⁴ (6e-8), for values measured from float32 (or narrower) data, whose
-    /// float64 digits past the seventh carry nothing. A finite value past
+    /// 2⁻²⁴ (6e-8), for values measured from float32 (or narrower) data, which
+    /// is itself rounded at this precision or coarser. A finite value past
     /// float32's range (±3.4e38) becomes ±inf; one below 1.2e-38 loses digits
     /// or becomes 0.
     F32,
