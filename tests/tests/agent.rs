@@ -310,6 +310,14 @@ fn samples_skipped_for_the_overhead_budget_are_counted_as_events() {
         .unwrap_or_else(|| panic!("no agent_overhead diagnosis: {report}"));
     let cpu_share = overhead["ranks"][0]["cpu_share"].as_f64().unwrap();
     assert!((cpu_share - share as f64 / 1e6).abs() < 1e-12, "{overhead}");
+    // The budget left room for the first planned sample only, which the agent
+    // always takes: the diagnosis says so instead of advising fewer samples.
+    assert_eq!(overhead["ranks"][0]["sampled_steps"], 1, "{overhead}");
+    let message = overhead["message"].as_str().unwrap();
+    assert!(
+        message.contains("its one sample is the first, always taken"),
+        "{message}"
+    );
     assert_eq!(
         count(
             out,

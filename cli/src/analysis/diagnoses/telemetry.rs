@@ -1,7 +1,7 @@
 //! Diagnoses of the telemetry itself: the agent's overhead above its budget, and
 //! samples or rows it dropped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use rankscope_agent::event_kind;
 use serde::{Deserialize, Serialize};
@@ -22,6 +22,9 @@ pub struct RankOverhead {
     pub share: f64,
     pub overhead_ms: f64,
     pub steps: usize,
+    /// Steps with a `layers` row from the rank: the samples it took.
+    #[serde(default)]
+    pub sampled_steps: usize,
 }
 
 impl RankOverhead {
@@ -80,6 +83,10 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
         return None;
     }
     let cpu = cpu_shares(run);
+    let mut sampled: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    for l in &run.layers {
+        sampled.entry(l.rank).or_default().insert(l.step);
+    }
     let mut per_rank: BTreeMap<u32, (f64, f64, usize)> = BTreeMap::new();
     for s in &run.steps {
         let e = per_rank.entry(s.rank).or_default();
@@ -96,6 +103,7 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
             share: overhead_ms / step,
             overhead_ms,
             steps,
+            sampled_steps: sampled.get(&rank).map_or(0, BTreeSet::len),
         })
         .filter(|r| r.worst() > budget)
         .collect();
@@ -111,10 +119,21 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
             100.0 * top.share
         ),
     };
+    // A rank that sampled once took only the first planned sample, which the
+    // agent always takes (to learn what a sample costs): sampling less often
+    // cannot lower it, a longer run spreads it.
+    let advice = if top.sampled_steps == 1 {
+        format!(
+            "its one sample is the first, always taken, and weighs most in a run of {} steps; \
+             a longer run spreads it, fewer layers (RANKSCOPE_LAYERS) lower it",
+            top.steps
+        )
+    } else {
+        "sample less often (RANKSCOPE_SAMPLE_EVERY) or fewer layers (RANKSCOPE_LAYERS)".to_string()
+    };
     Some(Diagnosis {
         message: format!(
-            "agent overhead above its {} budget on {} rank{} (rank {}: {measure}); \
-             sample less often (RANKSCOPE_SAMPLE_EVERY) or fewer layers (RANKSCOPE_LAYERS)",
+            "agent overhead above its {} budget on {} rank{} (rank {}: {measure}); {advice}",
             budget_percent(budget),
             over.len(),
             if over.len() == 1 { "" } else { "s" },
@@ -273,6 +292,30 @@ mod tests {
             "{}",
             d.message
         );
+    }
+
+    #[test]
+    fn a_run_with_only_its_first_sample_is_told_so() {
+        let t = Thresholds::default();
+        let mut run = synthetic::healthy(2, 1, 30, 9);
+        run.events.push(share_event(0, 147_000));
+        let d = agent_overhead(&run, &t).expect("over budget");
+        assert!(d.message.contains("sample less often"), "{}", d.message);
+        let first = run.layers.iter().map(|l| l.step).min().unwrap();
+        run.layers.retain(|l| l.step == first);
+        let d = agent_overhead(&run, &t).expect("over budget");
+        let Evidence::AgentOverhead(e) = &d.evidence else {
+            panic!()
+        };
+        assert_eq!(e.ranks[0].sampled_steps, 1);
+        assert!(
+            d.message.contains(
+                "its one sample is the first, always taken, and weighs most in a run of 30 steps"
+            ),
+            "{}",
+            d.message
+        );
+        assert!(!d.message.contains("sample less often"), "{}", d.message);
     }
 
     #[test]
