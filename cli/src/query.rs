@@ -44,6 +44,13 @@ pub struct RankEvents {
     pub cpu_share: Option<f64>,
 }
 
+impl RankEvents {
+    /// [`RankEvents::cpu_share`] in percent, as `summary` and `report` show it.
+    pub fn cpu_pct(&self) -> Option<f64> {
+        self.cpu_share.map(|c| 100.0 * c)
+    }
+}
+
 /// A run of the output directory, from its `runs` row or, while rank 0 has not
 /// been seen, from its other tables.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

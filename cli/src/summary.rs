@@ -68,7 +68,7 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
         let s = ranks.entry(rank).or_default();
         s.samples_dropped = e.samples_dropped;
         s.samples_skipped = e.samples_skipped;
-        s.cpu_pct = e.cpu_share.map(|c| 100.0 * c);
+        s.cpu_pct = e.cpu_pct();
     }
     let mut text = format!("run {run_id}\n\n");
     text += "rank   steps   mean step ms   mean comm ms   overhead %   agent cpu %   samples skipped   samples dropped\n";

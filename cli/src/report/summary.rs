@@ -264,7 +264,7 @@ fn rank_summaries(
                 steps: steps[i].unwrap_or_default() as u64,
                 phases,
                 overhead_pct: overhead[i],
-                cpu_pct: e.cpu_share.map(|c| 100.0 * c),
+                cpu_pct: e.cpu_pct(),
                 peak_rss_bytes: rss[i].map(|v| v as u64),
                 peak_device_allocated_bytes: dev[i].map(|v| v as u64),
                 samples_dropped: e.samples_dropped,
