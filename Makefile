@@ -8,11 +8,19 @@ TORCH_VERSION := 2.13.0
 DUCKDB_VERSION := 1.5.6
 MATURIN_VERSION := 1.16.0
 PYTEST_VERSION := 8.4.2
+# numpy only so that `import torch` does not warn "Failed to initialize NumPy".
+NUMPY_VERSION := 2.3.5
 PYTHON ?= python3
-STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)
+STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)-$(NUMPY_VERSION)
+# The wheel's `rankscope` command (a native binary, no libtorch) goes here before
+# maturin packs it (agent/python/pyproject.toml: tool.maturin.data).
+WHEEL_DATA := agent/python/wheel-data
+# maturin builds into the main target directory: the extension and the binaries
+# share their compiled dependencies (tokio, tonic, prost) and one profile.
+MATURIN := cd agent/python && CARGO_TARGET_DIR=$(CURDIR)/target maturin
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup python python-dev browser demo test lint bench bench-sharding fmt collector clean
+.PHONY: help setup python python-dev wheel browser demo test lint bench bench-sharding fmt collector clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -29,42 +37,69 @@ $(STAMP):
 	  (command -v sudo >/dev/null && sudo apt-get install -y python3-venv || apt-get install -y python3-venv); }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
-	  torch==$(TORCH_VERSION) duckdb-cli==$(DUCKDB_VERSION) maturin==$(MATURIN_VERSION) pytest==$(PYTEST_VERSION)
+	  torch==$(TORCH_VERSION) duckdb-cli==$(DUCKDB_VERSION) maturin==$(MATURIN_VERSION) pytest==$(PYTEST_VERSION) \
+	  numpy==$(NUMPY_VERSION)
 	@# A fixed path to libtorch, whatever the python version (see .cargo/config.toml).
 	ln -sfn "$$($(VENV)/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')" $(VENV)/libtorch
 	@touch $@
 
-setup: $(STAMP) python ## create the venv (torch, torchrun, duckdb) and install the Python package
+setup: $(STAMP) python ## create the venv (torch, torchrun, duckdb) and install the Python package and command
 
-# The `rankscope` Python package (agent/python), built against the venv's torch
-# and installed into the venv. Cargo rebuilds only what changed.
-python: $(STAMP) ## build and install the rankscope Python package into .venv
-	cd agent/python && VIRTUAL_ENV=$(CURDIR)/$(VENV) maturin develop --release --quiet
+# The `rankscope` command as the wheel ships it: the binary without libtorch
+# (collector, report, demo, ...), which starts in milliseconds. $(1) is cargo's
+# profile flag, $(2) its folder under target/. It is copied at once: a later
+# `cargo build` of the full binary (with `train` and `bench`) takes the same name.
+define command-binary
+	cargo build $(1) -p rankscope --no-default-features
+	mkdir -p $(WHEEL_DATA)/scripts
+	cp target/$(2)/rankscope $(WHEEL_DATA)/scripts/rankscope
+endef
 
-# The package as `make test` uses it: the dev profile, built into the main
-# workspace's target directory. Both workspaces resolve the same versions and
-# features, so this build and `cargo test` compile the dependencies (DataFusion
-# among them) once between them. `make python` installs the release build again.
+# The package as a wheel: the extension and the `rankscope` command. $(1) is
+# maturin's profile flag, $(2) the folder under target/wheels. The venv installs
+# this same wheel (not an editable build), as a user would.
+define package-wheel
+	rm -rf target/wheels/$(2)
+	$(MATURIN) build $(1) --compatibility linux --quiet --interpreter $(CURDIR)/$(VENV)/bin/python --out $(CURDIR)/target/wheels/$(2)
+endef
+
+# A wheel for users: it requires the exact torch it was built against and loads
+# that torch's libtorch (README: "Install with pip").
+wheel: $(STAMP) ## build the user's wheel into target/wheels/release
+	$(call command-binary,--release,release)
+	$(call package-wheel,--release,release)
+
+# The `rankscope` Python package (agent/python) and its `rankscope` command,
+# built against the venv's torch and installed into the venv.
+python: wheel ## build and install the rankscope package (and command) into .venv
+	$(VENV)/bin/pip install --quiet --no-deps --force-reinstall target/wheels/release/rankscope-*.whl
+
+# The package as `make test` uses it: the dev profile. `make python` installs
+# the release build again.
 python-dev: $(STAMP)
-	cd agent/python && CARGO_TARGET_DIR=$(CURDIR)/target VIRTUAL_ENV=$(CURDIR)/$(VENV) maturin develop --quiet
+	$(call command-binary,,debug)
+	$(call package-wheel,--profile dev,dev)
+	$(VENV)/bin/pip install --quiet --no-deps --force-reinstall target/wheels/dev/rankscope-*.whl
 
 demo: setup ## 4 PyTorch DDP ranks under torchrun into an embedded collector, then the summary and report
-	cargo run --release -p rankscope -- demo --script agent/python/examples/ddp_train.py --steps 100
+	$(VENV)/bin/rankscope demo --steps 100
 
 # Headless Chromium, for the report's browser test (Debian's package).
 browser:
 	@command -v chromium >/dev/null || { echo "installing chromium (the report's browser test)"; \
 	  (command -v sudo >/dev/null && S=sudo || S=; $$S apt-get update -qq && $$S apt-get install -y -qq chromium); }
 
+# The wheel test installs python-dev's wheel (the dev profile) into a fresh
+# venv of its own, as a user would.
 test: $(STAMP) python-dev browser ## build everything and run every test (installs the package's dev build)
 	cargo build --workspace --bins
 	cargo test --workspace --no-fail-fast
-	$(VENV)/bin/python -m pytest -q agent/python/tests
+	RANKSCOPE_WHEEL="$$(ls target/wheels/dev/rankscope-*.whl)" $(VENV)/bin/python -m pytest -q agent/python/tests
 
 lint: setup ## rustfmt and clippy, as CI wants them
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	cd agent/python && cargo fmt -- --check && cargo clippy --all-targets -- -D warnings
+	cd agent/python && cargo fmt -- --check && CARGO_TARGET_DIR=$(CURDIR)/target cargo clippy --all-targets -- -D warnings
 
 fmt:
 	cargo fmt --all
@@ -85,4 +120,4 @@ collector: ## a collector-only binary, without libtorch
 
 clean:
 	cargo clean
-	cd agent/python && cargo clean
+	rm -rf $(WHEEL_DATA)

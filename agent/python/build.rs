@@ -1,10 +1,16 @@
 //! Records which torch the extension links (`torch/version.py` next to the libtorch
 //! that torch-sys builds against), so `import rankscope` can refuse a different one
-//! instead of crashing inside libtorch.
+//! instead of crashing inside libtorch; and points the extension's run path at the
+//! installed torch package (`site-packages/torch/lib` beside `site-packages/rankscope`),
+//! never at a folder of the build tree.
 
 use std::path::PathBuf;
 
 fn main() {
+    // `import torch` (which `import rankscope` does first) has loaded these
+    // libraries already; the run path makes the dependency on that torch
+    // package explicit, for `ldd` and for a loader that comes first.
+    println!("cargo:rustc-link-arg-cdylib=-Wl,-rpath,$ORIGIN/../torch/lib");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     let version = std::env::var_os("LIBTORCH")
         .map(|root| PathBuf::from(root).join("version.py"))

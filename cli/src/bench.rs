@@ -67,7 +67,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
     /// The agent's share of its process's CPU time (RANKSCOPE_OVERHEAD_BUDGET).
-    #[arg(long, default_value = "2%", value_parser = parse_budget)]
+    #[arg(long, default_value = "2%", value_parser = crate::budget::parse)]
     pub overhead_budget: OverheadBudget,
     /// Internal: train one configuration, driven round by round through stdin.
     #[arg(long, hide = true, requires = "collector")]
@@ -91,11 +91,6 @@ pub struct Args {
 pub enum Other {
     /// The collector's throughput per CPU second, peak RSS and bytes per row.
     Collector(crate::bench_collector::Args),
-}
-
-pub(crate) fn parse_budget(text: &str) -> Result<OverheadBudget, String> {
-    OverheadBudget::parse(text)
-        .ok_or_else(|| format!("{text:?}: give a percentage with the % sign, e.g. 2% or 0.5%"))
 }
 
 struct Setup {

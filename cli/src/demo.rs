@@ -1,7 +1,9 @@
 //! `rankscope demo`: an embedded collector, 4 ranks of training, then the run's
-//! summary, where its Parquet files are, and its HTML report. The ranks are real PyTorch DDP ranks of
-//! a Python script under the real `torchrun` (`--script`, what `make demo` runs), or
-//! `rankscope train` launched the torchrun way.
+//! summary, where its Parquet files are, and its HTML report. The ranks are real
+//! PyTorch DDP ranks under the real `torchrun`: the package's example
+//! (`python -m rankscope.examples.ddp_train`, what `make demo` and the wheel run) or
+//! a script of the user's (`--script`). With `--rust` (a build with the `torch`
+//! feature) they are `rankscope train` ranks launched the torchrun way.
 
 use std::path::PathBuf;
 
@@ -12,9 +14,9 @@ use crate::launch;
 /// Train 4 ranks into an embedded collector and summarise the run.
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = "Examples:
-  rankscope demo --script agent/python/examples/ddp_train.py --steps 100   # PyTorch DDP
-  rankscope demo                                                          # Rust tch ranks
-  rankscope demo --model transformer --steps 300 --nproc-per-node 2")]
+  rankscope demo --steps 100                          # the package's PyTorch DDP example
+  rankscope demo --script my_train.py --steps 100     # your script (it gets --steps)
+  rankscope demo --rust --model transformer --nproc-per-node 2   # Rust tch ranks")]
 pub struct Args {
     /// Output directory of the embedded collector.
     #[arg(long, default_value = "rankscope-out")]
@@ -22,24 +24,28 @@ pub struct Args {
     /// Ranks to launch.
     #[arg(long, default_value_t = 4)]
     pub nproc_per_node: u32,
-    /// mlp, cnn or transformer.
-    #[arg(long, default_value = "mlp")]
+    /// With `--rust`: mlp, cnn or transformer.
+    #[arg(long, default_value = "mlp", requires = "rust")]
     pub model: String,
     #[arg(long, default_value_t = 300)]
     pub steps: u64,
     #[arg(long, default_value_t = 10)]
     pub sample_every: u64,
     /// A PyTorch training script to run under `torchrun --standalone` instead of
-    /// `rankscope train` (it gets `--steps`; rankscope reads its variables).
-    #[arg(long)]
+    /// the package's example (it gets `--steps`; rankscope reads its variables).
+    #[arg(long, conflicts_with = "rust")]
     pub script: Option<PathBuf>,
-    /// The torchrun to use with `--script`.
+    /// Run `rankscope train` ranks (Rust tch) instead of PyTorch; needs a
+    /// rankscope built with the `torch` feature (`cargo build -p rankscope`).
+    #[arg(long)]
+    pub rust: bool,
+    /// The torchrun to use for PyTorch ranks.
     #[arg(long, default_value = "torchrun")]
     pub torchrun: PathBuf,
     /// The ranks' overhead budget (RANKSCOPE_OVERHEAD_BUDGET). A demo lasts
     /// seconds, and the default 2% of that buys about one sample per layer, so
     /// the demo gives the agent more.
-    #[arg(long, default_value = "20%", value_parser = crate::bench::parse_budget)]
+    #[arg(long, default_value = "20%", value_parser = crate::budget::parse)]
     pub overhead_budget: rankscope_agent::config::OverheadBudget,
 }
 
@@ -61,9 +67,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
 
     let run_id = launch::fresh_run_id();
-    let statuses = match &args.script {
-        Some(script) => vec![run_script(&args, script, &addr.to_string(), &run_id)?],
-        None => run_train(&args, &addr.to_string(), &run_id)?,
+    let statuses = if args.rust {
+        run_train(&args, &addr.to_string(), &run_id)?
+    } else {
+        vec![run_torchrun(&args, &addr.to_string(), &run_id)?]
     };
     let _ = stop_tx.send(());
     let summary = runtime
@@ -91,7 +98,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "\nParquet files: {out}/<table>/run_id={run_id}/*.parquet (tables: runs, ranks, steps, layers, model, events)"
     );
-    println!("explore them with DuckDB (installed in .venv/bin by `make setup`):");
+    println!(
+        "explore them with DuckDB (`pip install duckdb-cli`; `make setup` put it in .venv/bin):"
+    );
     println!(
         "  duckdb -c \"select layer, step, avg(stable_rank) sr, avg(effective_rank) er from read_parquet('{out}/layers/*/*.parquet', hive_partitioning=true) where run_id='{run_id}' group by all order by layer, step\""
     );
@@ -99,29 +108,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `torchrun --standalone --nproc-per-node N SCRIPT --steps S` with the agent's
-/// variables.
-fn run_script(
+/// The package's example, run as a module so that it is found wherever the
+/// `rankscope` Python package is installed.
+const EXAMPLE_MODULE: &str = "rankscope.examples.ddp_train";
+
+/// `torchrun --standalone --nproc-per-node N (SCRIPT | -m EXAMPLE) --steps S` with
+/// the agent's variables.
+fn run_torchrun(
     args: &Args,
-    script: &std::path::Path,
     collector: &str,
     run_id: &str,
 ) -> anyhow::Result<std::process::ExitStatus> {
-    if !script.exists() {
-        bail!(
-            "--script {}: no such file; give the path of a PyTorch training script",
-            script.display()
-        );
-    }
-    println!(
-        "launching {} PyTorch DDP ranks of {} under torchrun (run {run_id})",
-        args.nproc_per_node,
-        script.display()
-    );
-    std::process::Command::new(&args.torchrun)
+    let mut command = std::process::Command::new(&args.torchrun);
+    command
         .args(["--standalone", "--nproc-per-node"])
-        .arg(args.nproc_per_node.to_string())
-        .arg(script)
+        .arg(args.nproc_per_node.to_string());
+    match &args.script {
+        Some(script) => {
+            if !script.exists() {
+                bail!(
+                    "--script {}: no such file; give the path of a PyTorch training script",
+                    script.display()
+                );
+            }
+            command.arg(script);
+        }
+        None => {
+            command.args(["-m", EXAMPLE_MODULE]);
+        }
+    }
+    let what = match &args.script {
+        Some(script) => script.display().to_string(),
+        None => format!("`python -m {EXAMPLE_MODULE}`"),
+    };
+    println!(
+        "launching {} PyTorch DDP ranks of {what} under torchrun (run {run_id})",
+        args.nproc_per_node
+    );
+    command
         .args(["--steps", &args.steps.to_string()])
         .env("RANKSCOPE_COLLECTOR", collector)
         .env("RANKSCOPE_RUN_ID", run_id)
@@ -137,7 +161,21 @@ fn run_script(
         })
 }
 
+/// Without libtorch in this build there are no Rust ranks to launch.
+#[cfg(not(feature = "torch"))]
+fn run_train(
+    _args: &Args,
+    _collector: &str,
+    _run_id: &str,
+) -> anyhow::Result<Vec<std::process::ExitStatus>> {
+    bail!(
+        "--rust: this rankscope was built without libtorch (the wheel's command is); \
+         leave out --rust to run the PyTorch example, or build with `cargo build -p rankscope`"
+    )
+}
+
 /// `rankscope train` ranks, launched with torchrun's variables.
+#[cfg(feature = "torch")]
 fn run_train(
     args: &Args,
     collector: &str,

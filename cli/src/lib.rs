@@ -1,6 +1,6 @@
 //! The `rankscope` command, as a library so the Python package runs the same code
 //! (`python -m rankscope collector`): the collector, the load generator, the launcher, and
-//! (with the `torch` feature) the example training workloads, the demo and the
+//! the demo, and (with the `torch` feature) the example training workloads and the
 //! offline spectrum tool.
 //!
 //! Layout:
@@ -14,6 +14,7 @@
 //! - `compare`: `rankscope compare`, two runs side by side;
 //! - `train` and `workloads`: `rankscope train` and its example models;
 //! - `demo`: `rankscope demo`, the README's `make demo`;
+//! - `budget`: the `--overhead-budget` parser of `demo` and `bench`;
 //! - `spectrum` and `npy`: `rankscope spectrum`, metrics of a saved `.npy` matrix;
 //! - `jumps_cmd`: `rankscope jumps`, change points in one series;
 //! - `bench`: `rankscope bench`, the agent's overhead for BENCHMARKS.md, and
@@ -28,9 +29,9 @@ pub mod analysis;
 mod bench;
 #[cfg(feature = "torch")]
 mod bench_collector;
+mod budget;
 mod collector_cmd;
 mod compare;
-#[cfg(feature = "torch")]
 mod demo;
 mod duration;
 mod jumps_cmd;
@@ -57,7 +58,7 @@ use clap::{Parser, Subcommand};
     version,
     about = "Dimensionality, timing and memory telemetry for distributed training",
     after_help = "Examples:
-  rankscope demo                                  # 4 ranks, embedded collector, summary
+  rankscope demo                                  # 4 PyTorch DDP ranks, embedded collector, summary
   rankscope collector --out ./rankscope-out       # the central collector
   rankscope launch --nproc-per-node 4 -- rankscope train --model cnn
   rankscope loadgen --ranks 8 --steps 100 --layers 12 --collector 127.0.0.1:50051
@@ -85,7 +86,6 @@ enum Command {
     Jumps(jumps_cmd::Args),
     #[cfg(feature = "torch")]
     Train(train::Args),
-    #[cfg(feature = "torch")]
     Demo(demo::Args),
     #[cfg(feature = "torch")]
     Spectrum(spectrum::Args),
@@ -123,7 +123,6 @@ where
         Command::Jumps(args) => jumps_cmd::run(args),
         #[cfg(feature = "torch")]
         Command::Train(args) => train::run(args),
-        #[cfg(feature = "torch")]
         Command::Demo(args) => demo::run(args),
         #[cfg(feature = "torch")]
         Command::Spectrum(args) => spectrum::run(args),

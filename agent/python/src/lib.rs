@@ -5,8 +5,11 @@
 //! Layout:
 //! - [`NativeAgent`]: one rank's agent (`rankscope.init()` wraps it);
 //! - [`NativeStep`] and [`NativePhase`]: the step and phase context managers;
-//! - [`Report`]: what `finish()` returns;
-//! - [`cli`]: the `rankscope` command (`python -m rankscope collector`).
+//! - [`Report`]: what `finish()` returns.
+//!
+//! The `rankscope` command is not here: it is the native binary installed beside
+//! the package (`python -m rankscope` runs it), so the extension carries no query
+//! engine and the command starts without loading libtorch.
 //!
 //! Tensors cross as the caller's `at::Tensor` (pyo3-tch), never through numpy.
 
@@ -517,13 +520,6 @@ fn empty_report() -> Report {
     Report::from(FinishReport::default())
 }
 
-/// Runs the `rankscope` command with `argv` (program name first), without the GIL.
-#[pyfunction]
-fn cli(py: Python<'_>, argv: Vec<String>) -> PyResult<()> {
-    py.allow_threads(|| rankscope::run_from(argv))
-        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
-}
-
 /// Logs go to stderr, filtered by `RANKSCOPE_LOG` (default: warnings and errors).
 fn init_logging() {
     static ONCE: Mutex<bool> = Mutex::new(false);
@@ -551,7 +547,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativePhase>()?;
     m.add_class::<Report>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
-    m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(empty_report, m)?)?;
     Ok(())
 }

@@ -1,8 +1,9 @@
 """A small GPT-style transformer trained with DistributedDataParallel, watched by
 rankscope. Run it under torchrun:
 
-    python -m rankscope collector --out ./rankscope-out &
-    torchrun --standalone --nproc-per-node 4 agent/python/examples/ddp_train.py --steps 50
+    rankscope collector --out ./rankscope-out &
+    RANKSCOPE_COLLECTOR=127.0.0.1:50051 \
+        torchrun --standalone --nproc-per-node 4 -m rankscope.examples.ddp_train --steps 50
 
 Each rank trains on its own synthetic token stream (gloo on CPU, nccl on CUDA).
 At the end the script checks that the parameters are identical on every rank,
