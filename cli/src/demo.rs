@@ -39,8 +39,10 @@ pub struct Args {
     /// rankscope built with the `torch` feature (`cargo build -p rankscope`).
     #[arg(long)]
     pub rust: bool,
-    /// The torchrun to use for PyTorch ranks.
-    #[arg(long, default_value = "torchrun")]
+    /// The torchrun to use for PyTorch ranks. The default is the `torchrun`
+    /// beside this binary (the wheel installs both in the environment's `bin/`),
+    /// else the one on PATH.
+    #[arg(long, default_value = DEFAULT_TORCHRUN)]
     pub torchrun: PathBuf,
     /// The ranks' overhead budget (RANKSCOPE_OVERHEAD_BUDGET). A demo lasts
     /// seconds, and the default 2% of that buys about one sample per layer, so
@@ -108,6 +110,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+const DEFAULT_TORCHRUN: &str = "torchrun";
+
+/// `--torchrun`, with the default looked for beside this binary first: so the
+/// wheel's `rankscope demo` works from a venv that is not activated.
+fn torchrun(args: &Args) -> PathBuf {
+    if args.torchrun.as_os_str() == DEFAULT_TORCHRUN {
+        let beside = std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join(DEFAULT_TORCHRUN)));
+        if let Some(beside) = beside.filter(|path| path.is_file()) {
+            return beside;
+        }
+    }
+    args.torchrun.clone()
+}
+
 /// The package's example, run as a module so that it is found wherever the
 /// `rankscope` Python package is installed.
 const EXAMPLE_MODULE: &str = "rankscope.examples.ddp_train";
@@ -119,7 +137,8 @@ fn run_torchrun(
     collector: &str,
     run_id: &str,
 ) -> anyhow::Result<std::process::ExitStatus> {
-    let mut command = std::process::Command::new(&args.torchrun);
+    let torchrun = torchrun(args);
+    let mut command = std::process::Command::new(&torchrun);
     command
         .args(["--standalone", "--nproc-per-node"])
         .arg(args.nproc_per_node.to_string());
@@ -156,7 +175,7 @@ fn run_torchrun(
         .with_context(|| {
             format!(
                 "cannot run {}: install torch in the environment (make setup) or pass --torchrun",
-                args.torchrun.display()
+                torchrun.display()
             )
         })
 }

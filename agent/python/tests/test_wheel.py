@@ -2,7 +2,8 @@
 the wheel, no Rust toolchain on PATH. The ``rankscope`` console command starts the
 collector, two DDP ranks of the package's example train under the venv's real
 ``torchrun``, ``rankscope report`` writes HTML and JSON, and the real DuckDB CLI
-counts the rows.
+counts the rows. ``rankscope demo`` runs from the venv's ``bin/`` without the venv
+on PATH.
 
 ``make test`` builds the wheel (dev profile, packed from the build the other tests
 use) and passes its path in ``RANKSCOPE_WHEEL``; ``make wheel`` builds the release
@@ -184,3 +185,22 @@ def test_collector_ddp_run_and_report_from_the_wheel(venv):
     layers = count(f"select count(distinct rank), count(distinct step) from {table('layers')} where run_id='{RUN_ID}'")
     ranks_with_layers, sampled_steps = map(int, layers.split(","))
     assert ranks_with_layers == RANKS and sampled_steps >= 1, layers
+
+
+def test_demo_from_the_wheel_without_the_venv_on_path(venv):
+    root, bin_dir, env = venv
+    out = root / "demo-out"
+    demo = subprocess.run(
+        [str(bin_dir / "rankscope"), "demo", "--nproc-per-node", str(RANKS), "--steps", str(STEPS), "--out", str(out)],
+        cwd=root,
+        env={**env, "PATH": "/usr/bin:/bin", "RANKSCOPE_LOG": "warn"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "rankscope.examples.ddp_train" in demo.stdout, demo.stdout
+    assert "parameters identical on all 2 ranks: True" in demo.stdout, demo.stdout
+    report = re.search(r"^report: (.+\.html)$", demo.stdout, re.M)
+    assert report and (root / report.group(1)).is_file(), demo.stdout
+    assert "Warning" not in demo.stderr, demo.stderr
