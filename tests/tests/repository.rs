@@ -104,3 +104,107 @@ fn the_python_package_locks_the_workspaces_versions() {
          compiles them again; run `cargo update -p NAME --precise VERSION` in agent/python: {differ:?}"
     );
 }
+
+/// The features each package resolves to in one build, from `cargo tree`: the
+/// dependencies compiled for the target (normal ones, and dev ones with `dev`).
+/// Build scripts' and proc macros' dependencies are compiled for the host with
+/// features of their own; they are left out, as `cargo tree` does not mark
+/// which copy a line is.
+fn resolved_features(dir: &Path, args: &[&str], dev: bool) -> BTreeMap<String, BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let edges = if dev {
+        "normal,dev,no-proc-macro"
+    } else {
+        "normal,no-proc-macro"
+    };
+    let out = Command::new(cargo)
+        .args([
+            "tree",
+            "--offline",
+            "--prefix",
+            "none",
+            "-f",
+            "{p}|{f}",
+            "-e",
+            edges,
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut resolved: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some((package, features)) = line.replace(" (*)", "").split_once('|').map(|(p, f)| {
+            let name_version = p.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+            (name_version, f.to_string())
+        }) else {
+            continue;
+        };
+        let entry = resolved.entry(package).or_default();
+        entry.extend(
+            features
+                .split(',')
+                .map(str::trim)
+                .filter(|f| !f.is_empty())
+                .map(String::from),
+        );
+    }
+    resolved
+}
+
+/// Packages whose features differ between two builds, leaving out ours (the
+/// agent and the command differ on purpose: `torch`).
+fn feature_differences(
+    a: &BTreeMap<String, BTreeSet<String>>,
+    b: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
+    a.iter()
+        .filter(|(package, _)| !package.starts_with("rankscope"))
+        .filter_map(|(package, features)| {
+            let other = b.get(package)?;
+            (features != other).then(|| {
+                let only_a: Vec<_> = features.difference(other).collect();
+                let only_b: Vec<_> = other.difference(features).collect();
+                format!("{package}: {only_a:?} in the first only, {only_b:?} in the second only")
+            })
+        })
+        .collect()
+}
+
+/// `make python` builds the command without libtorch and then the extension,
+/// `make test` both and then the workspace, all into one `target/`: a shared
+/// dependency resolved with other features in one of them is compiled twice
+/// (with everything above it). The feature-unification lines in cli/Cargo.toml
+/// and agent/python/Cargo.toml keep them equal.
+#[test]
+fn the_command_the_extension_and_the_workspace_share_their_dependencies_features() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let command = resolved_features(&root, &["-p", "rankscope", "--no-default-features"], false);
+    let extension = resolved_features(&root.join("agent/python"), &[], false);
+    let workspace = resolved_features(&root, &["--workspace"], true);
+    let fix = "add the features to the feature-unification lines of cli/Cargo.toml (what \
+               libtorch's crates turn on) or agent/python/Cargo.toml (what the command's crates turn on)";
+    let differ = feature_differences(&command, &extension);
+    assert!(
+        differ.is_empty(),
+        "the command and the extension resolve shared dependencies differently; {fix}: {differ:#?}"
+    );
+    let differ = feature_differences(&command, &workspace);
+    assert!(
+        differ.is_empty(),
+        "the command and the workspace resolve shared dependencies differently; {fix}: {differ:#?}"
+    );
+    // The parse found the trees (an empty parse would compare nothing).
+    assert!(
+        command.keys().any(|p| p.starts_with("datafusion v"))
+            && extension.keys().any(|p| p.starts_with("tch v"))
+            && workspace.keys().any(|p| p.starts_with("tch v")),
+        "cargo tree printed no packages"
+    );
+}
