@@ -36,6 +36,7 @@ use tch::nn::{self, OptimizerConfig};
 
 use crate::workloads::{self, Workload};
 
+mod collector;
 mod costs;
 use costs::{init_cost, non_sampled_observe, non_sampled_step, sampled_cost};
 
@@ -90,7 +91,7 @@ pub struct Args {
 #[derive(clap::Subcommand, Clone, Debug)]
 pub enum Other {
     /// The collector's throughput per CPU second, peak RSS and bytes per row.
-    Collector(crate::bench_collector::Args),
+    Collector(collector::Args),
 }
 
 struct Setup {
@@ -126,7 +127,7 @@ const SETUPS: [Setup; 4] = [
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(Other::Collector(collector)) = args.what {
-        return crate::bench_collector::run(collector);
+        return collector::run(collector);
     }
     if args.spectrum {
         return spectrum(&args);

@@ -17,8 +17,8 @@
 //! - `budget`: the `--overhead-budget` parser of `demo` and `bench`;
 //! - `spectrum` and `npy`: `rankscope spectrum`, metrics of a saved `.npy` matrix;
 //! - `jumps_cmd`: `rankscope jumps`, change points in one series;
-//! - `bench`: `rankscope bench`, the agent's overhead for BENCHMARKS.md, and
-//!   `bench_collector`: `rankscope bench collector`, the collector's throughput;
+//! - `bench`: `rankscope bench`, the agent's overhead for BENCHMARKS.md, and its
+//!   `collector` module: `rankscope bench collector`, the collector's throughput;
 //! - `duration`: the `10s` / `500ms` argument parser;
 //! - [`analysis`]: the jump detector and the run diagnoses, as pure functions over
 //!   plain structs (no file formats, no query engine), for `jumps` and for anything
@@ -27,8 +27,6 @@
 pub mod analysis;
 #[cfg(feature = "torch")]
 mod bench;
-#[cfg(feature = "torch")]
-mod bench_collector;
 mod budget;
 mod collector_cmd;
 mod compare;
