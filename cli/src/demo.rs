@@ -87,7 +87,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         summary.rows, summary.files, summary.duplicates
     );
     let dataset = crate::query::Dataset::open(&args.out)?;
-    print!("{}", crate::summary::summarise_dataset(&dataset, &run_id)?);
+    print!(
+        "{}",
+        crate::summary_cmd::summarise_dataset(&dataset, &run_id)?
+    );
     let (report, data) = crate::report::build(&dataset, Some(&run_id))?;
     let page = crate::report::default_path(&args.out, &run_id);
     std::fs::write(&page, crate::report::html::page(&report, &data)?)

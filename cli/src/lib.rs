@@ -9,7 +9,7 @@
 //! - `launch`: `rankscope launch`, local ranks with torchrun's variables;
 //! - `replay`: `rankscope replay`, sends what ranks left in their spill directories;
 //! - `query`: SQL over the collector's output directory (DataFusion);
-//! - `summary`: `rankscope summary`, a run's summary from its Parquet files;
+//! - `summary_cmd`: `rankscope summary`, a run's summary from its Parquet files;
 //! - `report`: `rankscope report`, the HTML page and JSON summary of a run;
 //! - `compare`: `rankscope compare`, two runs side by side;
 //! - `train` and `workloads`: `rankscope train` and its example models;
@@ -42,7 +42,7 @@ mod replay;
 mod report;
 #[cfg(feature = "torch")]
 mod spectrum;
-mod summary;
+mod summary_cmd;
 #[cfg(feature = "torch")]
 mod train;
 #[cfg(feature = "torch")]
@@ -78,7 +78,7 @@ enum Command {
     Loadgen(loadgen::Args),
     Launch(launch::Args),
     Replay(replay::Args),
-    Summary(summary::Args),
+    Summary(summary_cmd::Args),
     Report(report::Args),
     Compare(compare::Args),
     Jumps(jumps_cmd::Args),
@@ -115,7 +115,7 @@ where
         Command::Loadgen(args) => loadgen::run(args),
         Command::Launch(args) => launch::run(args),
         Command::Replay(args) => replay::run(args),
-        Command::Summary(args) => summary::run(args),
+        Command::Summary(args) => summary_cmd::run(args),
         Command::Report(args) => report::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Jumps(args) => jumps_cmd::run(args),
