@@ -145,7 +145,7 @@ fn run_torchrun(
     command
         .args(["--standalone", "--nproc-per-node"])
         .arg(args.nproc_per_node.to_string());
-    match &args.script {
+    let what = match &args.script {
         Some(script) => {
             if !script.exists() {
                 bail!(
@@ -154,14 +154,12 @@ fn run_torchrun(
                 );
             }
             command.arg(script);
+            script.display().to_string()
         }
         None => {
             command.args(["-m", EXAMPLE_MODULE]);
+            format!("`python -m {EXAMPLE_MODULE}`")
         }
-    }
-    let what = match &args.script {
-        Some(script) => script.display().to_string(),
-        None => format!("`python -m {EXAMPLE_MODULE}`"),
     };
     println!(
         "launching {} PyTorch DDP ranks of {what} under torchrun (run {run_id})",

@@ -1,7 +1,7 @@
-//! The `rankscope` command, as a library so the Python package runs the same code
-//! (`python -m rankscope collector`): the collector, the load generator, the launcher, and
-//! the demo, and (with the `torch` feature) the example training workloads and the
-//! offline spectrum tool.
+//! The `rankscope` command, as a library (`main.rs` only calls [`run_from`]): the
+//! collector, the load generator, the launcher, the reports and the demo, and (with the
+//! `torch` feature) the example training workloads and the offline spectrum tool. Built
+//! without `torch` it is the command the wheel installs (`python -m rankscope` execs it).
 //!
 //! Layout:
 //! - `collector_cmd`: `rankscope collector`;

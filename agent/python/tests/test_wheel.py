@@ -67,10 +67,12 @@ def venv(tmp_path_factory):
     # warns without it).
     import numpy
 
+    # pip keeps the real HOME: its cache already holds the pinned torch.
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet"]
-    subprocess.run([*pip, torch_pin, f"numpy=={numpy.__version__}"], check=True, env={**env, "HOME": os.environ["HOME"]})
+    pip_env = {**env, "HOME": os.environ["HOME"]}
+    subprocess.run([*pip, torch_pin, f"numpy=={numpy.__version__}"], check=True, env=pip_env)
     started = time.monotonic()
-    subprocess.run([*pip, WHEEL], check=True, env={**env, "HOME": os.environ["HOME"]})
+    subprocess.run([*pip, WHEEL], check=True, env=pip_env)
     print(f"\npip install of the wheel into a venv with torch: {time.monotonic() - started:.1f} s")
     return root, bin_dir, env
 
