@@ -4,51 +4,34 @@
 //! without `torch` it is the command the wheel installs (`python -m rankscope` execs it).
 //!
 //! Layout:
-//! - `collector_cmd`: `rankscope collector`;
-//! - `loadgen`: `rankscope loadgen`, simulated ranks on the real protocol;
-//! - `launch`: `rankscope launch`, local ranks with torchrun's variables;
-//! - `replay`: `rankscope replay`, sends what ranks left in their spill directories;
-//! - `query`: SQL over the collector's output directory (DataFusion);
-//! - `summary_cmd`: `rankscope summary`, a run's summary from its Parquet files;
-//! - `report`: `rankscope report`, the HTML page and JSON summary of a run;
-//! - `compare`: `rankscope compare`, two runs side by side;
-//! - `train` and `workloads`: `rankscope train` and its example models;
-//! - `demo`: `rankscope demo`, the README's `make demo`;
-//! - `budget`: the `--overhead-budget` parser of `demo` and `bench`;
-//! - `spectrum` and `npy`: `rankscope spectrum`, metrics of a saved `.npy` matrix;
-//! - `jumps_cmd`: `rankscope jumps`, change points in one series;
-//! - `bench`: `rankscope bench`, the agent's overhead for BENCHMARKS.md, and its
-//!   `collector` module: `rankscope bench collector`, the collector's throughput;
-//! - `duration`: the `10s` / `500ms` argument parser;
+//! - `commands`: one module per subcommand, named after it (`commands/collector.rs` is
+//!   `rankscope collector`, ...; its header lists them);
+//! - `output_query`: SQL over the collector's output directory (DataFusion), for
+//!   `summary`, `report` and `compare`;
+//! - `example_models`: the example models of `train` and `bench`, and their synthetic
+//!   data;
+//! - `npy_reader`: reads the `.npy` files that `spectrum` measures;
+//! - `duration_arg`: the `10s` / `500ms` argument parser;
+//! - `overhead_budget_arg`: the `--overhead-budget` parser of `demo` and `bench`;
 //! - [`analysis`]: the jump detector and the run diagnoses, as pure functions over
 //!   plain structs (no file formats, no query engine), for `jumps` and for anything
 //!   that reports on or compares runs.
 
 pub mod analysis;
+mod commands;
+mod duration_arg;
 #[cfg(feature = "torch")]
-mod bench;
-mod budget;
-mod collector_cmd;
-mod compare;
-mod demo;
-mod duration;
-mod jumps_cmd;
-mod launch;
-mod loadgen;
+mod example_models;
 #[cfg(feature = "torch")]
-mod npy;
-mod query;
-mod replay;
-mod report;
-#[cfg(feature = "torch")]
-mod spectrum;
-mod summary_cmd;
-#[cfg(feature = "torch")]
-mod train;
-#[cfg(feature = "torch")]
-mod workloads;
+mod npy_reader;
+mod output_query;
+mod overhead_budget_arg;
 
 use clap::{Parser, Subcommand};
+
+#[cfg(feature = "torch")]
+use commands::{bench, spectrum, train};
+use commands::{collector, compare, demo, jumps, launch, loadgen, replay, report, summary};
 
 #[derive(Parser)]
 #[command(
@@ -74,14 +57,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    Collector(collector_cmd::Args),
+    Collector(collector::Args),
     Loadgen(loadgen::Args),
     Launch(launch::Args),
     Replay(replay::Args),
-    Summary(summary_cmd::Args),
+    Summary(summary::Args),
     Report(report::Args),
     Compare(compare::Args),
-    Jumps(jumps_cmd::Args),
+    Jumps(jumps::Args),
     #[cfg(feature = "torch")]
     Train(train::Args),
     Demo(demo::Args),
@@ -111,14 +94,14 @@ where
         .try_init()
         .ok();
     match cli.command {
-        Command::Collector(args) => collector_cmd::run(args),
+        Command::Collector(args) => collector::run(args),
         Command::Loadgen(args) => loadgen::run(args),
         Command::Launch(args) => launch::run(args),
         Command::Replay(args) => replay::run(args),
-        Command::Summary(args) => summary_cmd::run(args),
+        Command::Summary(args) => summary::run(args),
         Command::Report(args) => report::run(args),
         Command::Compare(args) => compare::run(args),
-        Command::Jumps(args) => jumps_cmd::run(args),
+        Command::Jumps(args) => jumps::run(args),
         #[cfg(feature = "torch")]
         Command::Train(args) => train::run(args),
         Command::Demo(args) => demo::run(args),

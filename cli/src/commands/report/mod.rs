@@ -3,20 +3,21 @@
 //! reads whatever files are committed, so it works while the run is going.
 //!
 //! Layout:
-//! - `summary`: the JSON schema and how it is built (SQL, the diagnoses, jumps);
+//! - `json_summary`: the JSON summary's schema and how it is built (SQL, the
+//!   diagnoses, jumps);
 //! - `plots`: the SVG charts (plotters);
 //! - `html`: the page.
 
 pub mod html;
+pub mod json_summary;
 pub mod plots;
-pub mod summary;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::query::Dataset;
-pub use summary::Report;
+use crate::output_query::Dataset;
+pub use json_summary::Report;
 
 /// Write a run's report: diagnoses, loss, step time, phases, memory, overhead,
 /// layer dimensionality with jumps, and the model profile.
@@ -86,7 +87,7 @@ pub fn build(
 ) -> anyhow::Result<(Report, crate::analysis::diagnoses::RunData)> {
     let info = dataset.run(run)?;
     let data = dataset.run_data(&info.run_id)?;
-    let report = summary::build(dataset, &info, &data)?;
+    let report = json_summary::build(dataset, &info, &data)?;
     Ok((report, data))
 }
 

@@ -38,13 +38,13 @@ pub struct Args {
     #[arg(long, default_value = "loadgen")]
     pub run_id: String,
     /// Pause between steps of one rank.
-    #[arg(long, default_value = "0ms", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "0ms", value_parser = crate::duration_arg::parse)]
     pub step_interval: Duration,
     /// Bearer token, if the collector requires one.
     #[arg(long, env = "RANKSCOPE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// How long each rank waits at the end for its rows to become durable.
-    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "60s", value_parser = crate::duration_arg::parse)]
     pub finish_timeout: Duration,
 }
 

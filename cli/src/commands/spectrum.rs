@@ -48,7 +48,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mode = SpectrumMode::parse(&args.spectrum)
         .with_context(|| format!("--spectrum {:?}: use auto, exact or sketch", args.spectrum))?;
-    let tensor = crate::npy::read_npy(&args.file)?;
+    let tensor = crate::npy_reader::read_npy(&args.file)?;
     let options = MatrixOptions {
         max_rows: args.max_rows,
         centered: args.centered,

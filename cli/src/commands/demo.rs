@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
-use crate::launch;
+use crate::commands::launch;
 
 /// Train 4 ranks into an embedded collector and summarise the run.
 #[derive(clap::Args, Clone, Debug)]
@@ -47,7 +47,7 @@ pub struct Args {
     /// The ranks' overhead budget (RANKSCOPE_OVERHEAD_BUDGET). A demo lasts
     /// seconds, and the default 2% of that buys about one sample per layer, so
     /// the demo gives the agent more.
-    #[arg(long, default_value = "20%", value_parser = crate::budget::parse)]
+    #[arg(long, default_value = "20%", value_parser = crate::overhead_budget_arg::parse)]
     pub overhead_budget: rankscope_agent::config::OverheadBudget,
 }
 
@@ -86,14 +86,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "collector: {} rows in {} files, {} duplicate batches dropped\n",
         summary.rows, summary.files, summary.duplicates
     );
-    let dataset = crate::query::Dataset::open(&args.out)?;
+    let dataset = crate::output_query::Dataset::open(&args.out)?;
     print!(
         "{}",
-        crate::summary_cmd::summarise_dataset(&dataset, &run_id)?
+        crate::commands::summary::summarise_dataset(&dataset, &run_id)?
     );
-    let (report, data) = crate::report::build(&dataset, Some(&run_id))?;
-    let page = crate::report::default_path(&args.out, &run_id);
-    std::fs::write(&page, crate::report::html::page(&report, &data)?)
+    let (report, data) = crate::commands::report::build(&dataset, Some(&run_id))?;
+    let page = crate::commands::report::default_path(&args.out, &run_id);
+    std::fs::write(&page, crate::commands::report::html::page(&report, &data)?)
         .with_context(|| format!("cannot write {}", page.display()))?;
     println!();
     for d in &report.diagnoses {

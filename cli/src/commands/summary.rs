@@ -1,12 +1,12 @@
 //! `rankscope summary`: a run's summary, as SQL over the collector's Parquet files
-//! ([`crate::query`]): per rank its steps, mean step and all-reduce time, agent
+//! ([`crate::output_query`]): per rank its steps, mean step and all-reduce time, agent
 //! overhead and dropped samples; per layer its latest stable and effective rank and
 //! their trend since the first sample.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::query::{Dataset, floats, ints, literal, strings};
+use crate::output_query::{Dataset, floats, ints, literal, strings};
 
 /// Summarise a run from the collector's output.
 #[derive(clap::Args, Clone, Debug)]

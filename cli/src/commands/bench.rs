@@ -34,7 +34,7 @@ use rankscope_agent::{Agent, Mode};
 use tch::Device;
 use tch::nn::{self, OptimizerConfig};
 
-use crate::workloads::{self, Workload};
+use crate::example_models::{self, Workload};
 
 mod collector;
 mod costs;
@@ -68,7 +68,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
     /// The agent's share of its process's CPU time (RANKSCOPE_OVERHEAD_BUDGET).
-    #[arg(long, default_value = "2%", value_parser = crate::budget::parse)]
+    #[arg(long, default_value = "2%", value_parser = crate::overhead_budget_arg::parse)]
     pub overhead_budget: OverheadBudget,
     /// Internal: train one configuration, driven round by round through stdin.
     #[arg(long, hide = true, requires = "collector")]
@@ -412,9 +412,9 @@ fn child(args: &Args, index: usize) -> anyhow::Result<()> {
         .world_size(1u32)
         .build_with(|_| None)?;
     let agent = Agent::new(config);
-    let model = workloads::build(args.model, &vs.root(), &agent);
+    let model = example_models::build(args.model, &vs.root(), &agent);
     let mut opt = nn::AdamW::default().build(&vs, 1e-3)?;
-    let mut data = workloads::Data::new(args.model, 1, Device::Cpu);
+    let mut data = example_models::Data::new(args.model, 1, Device::Cpu);
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready")?;
     out.flush()?;
@@ -428,7 +428,7 @@ fn child(args: &Args, index: usize) -> anyhow::Result<()> {
                 for _ in 0..args.steps_per_round {
                     let s = agent.step(step);
                     step += 1;
-                    workloads::train_step(
+                    example_models::train_step(
                         args.model,
                         &model,
                         &vs,

@@ -36,7 +36,7 @@ pub struct Args {
     #[arg(long, env = "RANKSCOPE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// How long to wait for each rank's rows to become durable.
-    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "60s", value_parser = crate::duration_arg::parse)]
     pub timeout: Duration,
 }
 

@@ -12,7 +12,7 @@ use rankscope_agent::{Agent, Mode};
 use tch::Device;
 use tch::nn::{self, Module, OptimizerConfig};
 
-use crate::workloads::{self, Workload};
+use crate::example_models::{self, Workload};
 
 /// Train an example model with the agent attached.
 #[derive(clap::Args, Clone, Debug)]
@@ -55,7 +55,7 @@ pub struct Args {
     #[arg(long)]
     pub sample_every: Option<u64>,
     /// How long to wait at the end for the collector to acknowledge everything.
-    #[arg(long, default_value = "20s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "20s", value_parser = crate::duration_arg::parse)]
     pub finish_timeout: Duration,
     /// Run with the agent disabled (and a logged error) if its configuration is wrong.
     #[arg(long)]
@@ -157,11 +157,12 @@ pub fn train(args: &Args, agent: &Agent) -> anyhow::Result<TrainSummary> {
     tch::manual_seed(args.seed + rank as i64);
     let device = device(&args.device, identity.local_rank)?;
     let vs = nn::VarStore::new(device);
-    let model = workloads::build(args.model, &vs.root(), agent);
+    let model = example_models::build(args.model, &vs.root(), agent);
     let mut opt = nn::AdamW::default()
         .build(&vs, args.lr)
         .context("building the AdamW optimizer")?;
-    let mut data = workloads::Data::new(args.model, args.seed + 1000 * (rank as i64 + 1), device);
+    let mut data =
+        example_models::Data::new(args.model, args.seed + 1000 * (rank as i64 + 1), device);
     let probe = data.batch(args.batch_size).0;
     agent.profile_model(&vs, Optimizer::Adam, || {
         let _ = model.forward(&probe);
@@ -183,7 +184,7 @@ pub fn train(args: &Args, agent: &Agent) -> anyhow::Result<TrainSummary> {
     let mut final_loss = f64::NAN;
     for step in 0..args.steps {
         let s = agent.step(step);
-        final_loss = workloads::train_step(
+        final_loss = example_models::train_step(
             args.model,
             &model,
             &vs,

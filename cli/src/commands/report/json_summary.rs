@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::analysis::diagnoses::{self, Diagnosis, RunData, Thresholds};
 use crate::analysis::jumps::{self, Jump, JumpConfig};
-use crate::query::{Dataset, RunInfo, floats, ints, literal, strings};
+use crate::output_query::{Dataset, RunInfo, floats, ints, literal, strings};
 
 /// The `schema` field of every report.
 pub const SCHEMA: &str = "rankscope.report";

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::query::Dataset;
-use crate::report::{self, Report};
+use crate::commands::report::{self, Report};
+use crate::output_query::Dataset;
 
 /// Compare two runs.
 #[derive(clap::Args, Clone, Debug)]
@@ -131,7 +131,7 @@ fn row(
 /// The mean over ranks of a per-rank figure.
 fn mean_over_ranks(
     r: &Report,
-    f: impl Fn(&report::summary::RankSummary) -> Option<f64>,
+    f: impl Fn(&report::json_summary::RankSummary) -> Option<f64>,
 ) -> Option<f64> {
     let v: Vec<f64> = r.ranks.iter().filter_map(f).collect();
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
@@ -139,7 +139,7 @@ fn mean_over_ranks(
 
 fn max_over_ranks(
     r: &Report,
-    f: impl Fn(&report::summary::RankSummary) -> Option<u64>,
+    f: impl Fn(&report::json_summary::RankSummary) -> Option<u64>,
 ) -> Option<f64> {
     r.ranks.iter().filter_map(f).max().map(|v| v as f64)
 }
@@ -151,7 +151,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         for (q, get) in [
             (
                 "p50",
-                (|p: &report::summary::PhaseStats| p.p50) as fn(&_) -> f64,
+                (|p: &report::json_summary::PhaseStats| p.p50) as fn(&_) -> f64,
             ),
             ("p95", |p| p.p95),
         ] {
@@ -207,7 +207,8 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         max_over_ranks(b, |x| x.peak_device_allocated_bytes),
         Better::Lower,
     ));
-    let loss = |r: &Report, f: fn(&report::summary::LossSummary) -> f64| r.loss.as_ref().map(f);
+    let loss =
+        |r: &Report, f: fn(&report::json_summary::LossSummary) -> f64| r.loss.as_ref().map(f);
     rows.push(row(
         "loss",
         "final loss",
@@ -229,7 +230,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         for (metric, get) in [
             (
                 "stable rank",
-                (|l: &report::summary::LayerSummary| l.stable_rank.as_ref().map(|t| t.last))
+                (|l: &report::json_summary::LayerSummary| l.stable_rank.as_ref().map(|t| t.last))
                     as fn(&_) -> Option<f64>,
             ),
             ("effective rank", |l| {

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use super::json_summary::{LayerSummary, Report};
 use super::plots::{self, SMALL, Series, WIDE};
-use super::summary::{LayerSummary, Report};
 use crate::analysis::diagnoses::{self, RunData};
 
 /// Columns of the step-time heatmap at most (steps are binned beyond that).
@@ -89,8 +89,8 @@ pub fn page(report: &Report, data: &RunData) -> anyhow::Result<String> {
         "<footer class=\"note\"><p>Made by rankscope {}. Thresholds and methods: docs/diagnoses.md and docs/metrics.md. \
          The same numbers in JSON: <code>rankscope report --json</code> (schema {} v{}).</p></footer></body></html>",
         env!("CARGO_PKG_VERSION"),
-        super::summary::SCHEMA,
-        super::summary::SCHEMA_VERSION
+        super::json_summary::SCHEMA,
+        super::json_summary::SCHEMA_VERSION
     )?;
     Ok(h)
 }
@@ -192,7 +192,7 @@ fn step_time(h: &mut String, report: &Report, data: &RunData) -> anyhow::Result<
         "<table><tr><th>rank</th><th>node</th><th>steps</th><th>step p50</th><th>p95</th><th>p99</th><th>comm p50</th></tr>"
     )?;
     for r in &report.ranks {
-        let get = |phase: &str, f: fn(&super::summary::PhaseStats) -> f64| {
+        let get = |phase: &str, f: fn(&super::json_summary::PhaseStats) -> f64| {
             r.phases
                 .get(phase)
                 .map_or("-".to_string(), |p| format!("{:.2}", f(p)))
@@ -224,7 +224,8 @@ fn phases(h: &mut String, report: &Report) -> anyhow::Result<()> {
         .iter()
         .map(|r| format!("rank {}", r.rank))
         .collect();
-    let mean = |r: &super::summary::RankSummary, p: &str| r.phases.get(p).map_or(0.0, |s| s.mean);
+    let mean =
+        |r: &super::json_summary::RankSummary, p: &str| r.phases.get(p).map_or(0.0, |s| s.mean);
     let mut parts: Vec<(String, Vec<f64>)> = names
         .iter()
         .map(|p| {

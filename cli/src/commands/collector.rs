@@ -5,7 +5,7 @@ use rankscope_collector::CollectorConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::duration;
+use crate::duration_arg;
 
 /// Receive every rank's telemetry and write it as Parquet.
 #[derive(clap::Args)]
@@ -37,8 +37,8 @@ pub struct Args {
     #[arg(long, default_value = CollectorConfig::DEFAULT_OUT, env = "RANKSCOPE_OUT")]
     pub out: PathBuf,
     /// Close a file at most this long after its first row (data is queryable then).
-    #[arg(long, default_value_t = duration::Arg(CollectorConfig::DEFAULT_MAX_FILE_AGE), value_parser = duration::parse_arg)]
-    pub max_file_age: duration::Arg,
+    #[arg(long, default_value_t = duration_arg::Arg(CollectorConfig::DEFAULT_MAX_FILE_AGE), value_parser = duration_arg::parse_arg)]
+    pub max_file_age: duration_arg::Arg,
     /// Close a file once it holds this many rows.
     #[arg(long, default_value_t = CollectorConfig::DEFAULT_MAX_FILE_ROWS)]
     pub max_file_rows: usize,
@@ -57,8 +57,8 @@ pub struct Args {
     #[arg(long, alias = "max-pending-bytes", default_value_t = CollectorConfig::DEFAULT_MAX_MEMORY_BYTES)]
     pub max_memory_bytes: usize,
     /// How long a disconnected rank may stay away before it is recorded as vanished.
-    #[arg(long, default_value_t = duration::Arg(CollectorConfig::DEFAULT_RANK_GRACE), value_parser = duration::parse_arg)]
-    pub rank_grace: duration::Arg,
+    #[arg(long, default_value_t = duration_arg::Arg(CollectorConfig::DEFAULT_RANK_GRACE), value_parser = duration_arg::parse_arg)]
+    pub rank_grace: duration_arg::Arg,
     /// A file holding the bearer token every agent must present (RANKSCOPE_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
