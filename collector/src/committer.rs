@@ -6,16 +6,19 @@
 //! memory the rows may take, or soon after an agent's final batch. A failed
 //! commit (a full disk, say) keeps its rows, logs the error and is retried with
 //! backoff; meanwhile the buffer's bound pushes back on the streams.
+//!
+//! It counts into [`crate::counters`] and sets [`crate::phase`], both below it and
+//! the service.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
 
+use crate::counters::CommitCounters;
 use crate::intake::Intake;
-use crate::service::{Phase, until};
+use crate::phase::{Phase, until};
 use crate::store::Store;
 
 /// When commits happen.
@@ -24,29 +27,6 @@ pub struct CommitPolicy {
     pub max_file_age: Duration,
     pub max_file_rows: usize,
     pub rank_grace: Duration,
-}
-
-/// Counters of what was committed, reported at shutdown and on `/metrics`.
-#[derive(Debug)]
-pub struct CommitCounters {
-    pub commits: AtomicU64,
-    pub files: AtomicU64,
-    pub rows: AtomicU64,
-    pub failures: AtomicU64,
-    /// Seconds each successful commit took.
-    pub duration: Histogram,
-}
-
-impl Default for CommitCounters {
-    fn default() -> CommitCounters {
-        CommitCounters {
-            commits: AtomicU64::new(0),
-            files: AtomicU64::new(0),
-            rows: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
-            duration: crate::ops::metrics::commit_duration_histogram(),
-        }
-    }
 }
 
 const TICK: Duration = Duration::from_millis(100);

@@ -17,6 +17,10 @@
 //! - [`buffer`]: rows waiting for the next commit, grouped by (table, run);
 //! - [`table`]: the six tables' columns and their Arrow builders;
 //! - [`committer`]: when buffered rows become files;
+//! - [`phase`]: serving, draining, drained: where the collector is in its life,
+//!   which the service, the committer and `ops` watch;
+//! - [`counters`]: what the service and the committer count, read by `ops` and
+//!   the summary `serve` returns;
 //! - [`store`]: the output directory, atomic commits and crash recovery;
 //! - [`space`]: free space on the output filesystem, the `--min-free-bytes` floor;
 //! - [`ops`]: `/metrics`, `/healthz` and `/readyz` (`--http`) and the gRPC health
@@ -28,11 +32,13 @@
 pub mod auth;
 pub mod buffer;
 pub mod committer;
+pub mod counters;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod grpc;
 pub mod intake;
 pub mod ops;
+pub mod phase;
 pub mod service;
 pub mod space;
 pub mod store;
@@ -52,10 +58,12 @@ use tokio::sync::watch;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 
-use crate::committer::{CommitCounters, CommitPolicy};
+use crate::committer::CommitPolicy;
+use crate::counters::{CommitCounters, Refusal, StreamCounters};
 use crate::grpc::CollectorServer;
 use crate::intake::Intake;
-use crate::service::{CollectorService, Phase, StreamCounters};
+use crate::phase::{Phase, until};
+use crate::service::CollectorService;
 use crate::store::{Store, StoreError};
 
 /// How the collector writes and what it accepts.
@@ -296,7 +304,7 @@ pub async fn serve_with_http(
     let counters = stream_counters.clone();
     let server = InterceptedService::new(server, move |request| {
         token.call(request).inspect_err(|_| {
-            counters.refuse(ops::metrics::Refusal::Unauthenticated);
+            counters.refuse(Refusal::Unauthenticated);
         })
     });
     let mut drained = phase_rx;
@@ -304,7 +312,7 @@ pub async fn serve_with_http(
         shutdown.await;
         tracing::info!("draining: committing what was accepted");
         let _ = phase_for_shutdown.send(Phase::Draining);
-        service::until(&mut drained, |p| p == Phase::Drained).await;
+        until(&mut drained, |p| p == Phase::Drained).await;
     };
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     builder

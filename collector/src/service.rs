@@ -8,10 +8,13 @@
 //! (the disk cannot keep up or is failing) answers `UNAVAILABLE`. Agents keep
 //! unacknowledged batches and resend them after any of these. One stream's failure
 //! ends that stream only.
+//!
+//! It counts into [`crate::counters`] and watches [`crate::phase`], both below it;
+//! `ops` reads the counters, so it never imports the service.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::Stream;
@@ -21,9 +24,10 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::buffer::RankKey;
+use crate::counters::{BatchRows, Refusal, StreamCounters};
 use crate::grpc::{StreamService, Undecoded};
 use crate::intake::{self, Admission, Intake};
-use crate::ops::metrics::{BatchRows, Refusal, RefusalCounts, RowCounts};
+use crate::phase::{Phase, until};
 use crate::space::SpaceGuard;
 use crate::validate::{self, Invalid};
 use crate::wire::{DecodedBatch, Message};
@@ -32,37 +36,6 @@ use crate::wire::{DecodedBatch, Message};
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a batch waits for room in a full buffer before the stream is told to retry.
 const FULL_WAIT: Duration = Duration::from_secs(10);
-
-/// Counters of what the service saw, reported at shutdown.
-#[derive(Debug, Default)]
-pub struct StreamCounters {
-    pub streams: AtomicU64,
-    pub batches: AtomicU64,
-    pub duplicates: AtomicU64,
-    pub refused: AtomicU64,
-    /// `refused`, by reason.
-    pub refusals: RefusalCounts,
-    /// Rows of accepted batches, per table and per run.
-    pub rows: RowCounts,
-}
-
-impl StreamCounters {
-    /// Counts one refused stream or batch.
-    pub fn refuse(&self, reason: Refusal) {
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        self.refusals.add(reason);
-    }
-}
-
-/// Where the collector is in its life, as streams see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Serving,
-    /// Stop reading new batches; a final commit is under way.
-    Draining,
-    /// The final commit is done: send the last acks and close.
-    Drained,
-}
 
 /// The `rankscope.v1.Collector` service.
 #[derive(Debug, Clone)]
@@ -261,11 +234,6 @@ impl StreamService for CollectorService {
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }
-}
-
-/// Resolves once `phase` satisfies `done` (or its sender is gone).
-pub async fn until(phase: &mut watch::Receiver<Phase>, done: impl Fn(Phase) -> bool) {
-    let _ = phase.wait_for(|p| done(*p)).await;
 }
 
 struct StreamTask {

@@ -13,8 +13,8 @@
 //! collector fixes none of the reasons it is not ready.
 //!
 //! Layout:
-//! - [`metrics`]: the counters the service and the committer keep, and their
-//!   Prometheus names;
+//! - [`metrics`]: `/metrics`: the Prometheus names of the counters the service and
+//!   the committer keep ([`crate::counters`]), and the gauges read at scrape time;
 //! - [`http`]: the HTTP server;
 //! - this module: [`Readiness`] and the gRPC health reporter.
 
@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use crate::service::Phase;
+use crate::phase::Phase;
 use crate::space::SpaceGuard;
 
 /// How often the gRPC health status is recomputed between phase changes (it
