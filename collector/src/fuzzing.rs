@@ -7,7 +7,8 @@
 //! [`wire`] reader, straight into Arrow builders); [`validate::hello`] or the
 //! batch's own checks; the sequence check and buffering of [`Intake::admit`]; then
 //! what a commit does with the buffered rows: Parquet encoding
-//! ([`store::encode_parquet`]), into memory. No filesystem, no network, no tokio.
+//! ([`store::writer::encode_parquet`]), into memory. No filesystem, no network, no
+//! tokio.
 //! [`hello`] and [`batch`] start from the inner messages, so a fuzzer spends its
 //! time past the envelope.
 //!
@@ -181,8 +182,9 @@ fn check_batch(b: DecodedBatch, reference: &Batch) -> Outcome {
     for (table, _run_id, group) in pending.groups() {
         let converted: usize = group.batches().iter().map(|b| b.num_rows()).sum();
         assert_eq!(converted, group.rows());
-        let parquet = store::encode_parquet(Vec::new(), table, group.batches(), ROW_GROUP_ROWS)
-            .unwrap_or_else(|e| panic!("{} rows do not encode: {e}", table.name()));
+        let parquet =
+            store::writer::encode_parquet(Vec::new(), table, group.batches(), ROW_GROUP_ROWS)
+                .unwrap_or_else(|e| panic!("{} rows do not encode: {e}", table.name()));
         assert!(parquet.starts_with(b"PAR1") && parquet.ends_with(b"PAR1"));
         files += 1;
         encoded_rows += group.rows();

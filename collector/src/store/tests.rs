@@ -1,7 +1,13 @@
-//! The output directory's tests.
+//! The output directory's tests: commits, recovery and the files' row groups,
+//! through [`Store`].
 
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+
+use super::commit::epoch_of;
 use super::*;
-use crate::buffer::BatchRecords;
+use crate::buffer::{BatchRecords, Pending};
+use crate::table::Table;
 use rankscope_proto::v1::{Batch, StepRow};
 
 /// Batch `seq` of `rank` of run "run", with `steps` step rows.
