@@ -21,13 +21,19 @@
 //!   which the service, the committer and `ops` watch;
 //! - [`counters`]: what the service and the committer count, read by `ops` and
 //!   the summary `serve` returns;
-//! - [`store`]: the output directory, atomic commits and crash recovery;
+//! - [`store`]: the output directory; [`store::writer`] encodes a Parquet file,
+//!   [`store::commit`] makes atomic commits and writes the commit log,
+//!   [`store::recovery`] recovers after a crash;
 //! - [`space`]: free space on the output filesystem, the `--min-free-bytes` floor;
 //! - [`ops`]: `/metrics`, `/healthz` and `/readyz` (`--http`) and the gRPC health
 //!   service;
 //! - `fuzzing` (only with the `fuzzing` feature, and in unit tests): what the
 //!   collector runs on one message's bytes, as plain functions that assert their
 //!   contract, for the fuzz targets (`fuzz/`).
+//!
+//! No module imports one that imports it back: `service`, `committer` and `ops`
+//! share only what sits below all three (`phase`, `counters`, `intake`, `space`),
+//! and a folder's parent module imports none of its children.
 
 pub mod auth;
 pub mod buffer;

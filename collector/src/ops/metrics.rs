@@ -11,8 +11,8 @@
 //! started, up to [`MAX_RUN_SERIES`](crate::counters::MAX_RUN_SERIES); rows of
 //! runs past that are counted under `run_id="_other"`.
 //!
-//! Imports the counters, the intake, `space` and [`Readiness`] (its parent's), all
-//! below it; nothing but `serve` and the HTTP server imports it.
+//! Imports [`crate::counters`], the intake, `table`, `space` and its parent's
+//! [`Readiness`]; none of them imports it, only `serve` and the HTTP server do.
 
 use std::path::PathBuf;
 use std::sync::Arc;
