@@ -4,7 +4,7 @@
 //! binaries that link this crate find libtorch at run time.
 
 fn main() {
-    println!("cargo:rerun-if-changed=src/device_stats.cpp");
+    println!("cargo:rerun-if-changed=src/training/device_stats.cpp");
     println!("cargo:rerun-if-changed=src/threads.cpp");
     #[cfg(feature = "torch")]
     torch::build();
@@ -23,7 +23,7 @@ mod torch {
             .to_path_buf();
         cc::Build::new()
             .cpp(true)
-            .file("src/device_stats.cpp")
+            .file("src/training/device_stats.cpp")
             .file("src/threads.cpp")
             .include(root.join("include"))
             .include(root.join("include/torch/csrc/api/include"))

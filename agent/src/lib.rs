@@ -38,13 +38,7 @@ pub mod spill;
 pub mod transport;
 
 #[cfg(feature = "torch")]
-pub mod agent;
-#[cfg(feature = "torch")]
-pub mod memory;
-#[cfg(feature = "torch")]
 pub mod metrics;
-#[cfg(feature = "torch")]
-pub mod profile;
 #[cfg(feature = "torch")]
 pub mod sampler;
 #[cfg(feature = "torch")]
@@ -52,20 +46,19 @@ pub mod sketch;
 #[cfg(feature = "torch")]
 pub mod spectra;
 #[cfg(feature = "torch")]
-pub mod step;
-#[cfg(feature = "torch")]
-pub mod tap;
-#[cfg(feature = "torch")]
 pub mod threads;
 #[cfg(feature = "torch")]
 pub mod worker;
 
 #[cfg(feature = "torch")]
-pub use agent::Agent;
+pub mod training;
+
 pub use client_tls::ClientTls;
 pub use config::{AgentConfig, ConfigError, Mode};
 pub use rankscope_proto::Row;
 pub use report::FinishReport;
+#[cfg(feature = "torch")]
+pub use training::{Agent, agent, memory, profile, step, tap};
 pub use transport::{Transport, TransportConfig};
 
 /// The `events.kind` values the agent writes itself (docs/columns.md explains each).

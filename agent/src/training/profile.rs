@@ -7,7 +7,7 @@
 //! - self-attention: 4 · 2 · B · T · d² (projections) + 2 · 2 · B · T² · d (scores
 //!   and weighted sum)
 //!
-//! Shapes come from one forward pass run under [`Agent::profile_model`]: tapped
+//! Shapes come from one forward pass run under [`crate::Agent::profile_model`]: tapped
 //! layers record their output shape, and parameters are grouped under the tap
 //! whose name prefixes their VarStore path.
 
@@ -15,10 +15,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use rankscope_proto::v1::ModelRow;
-use tch::nn::VarStore;
 
+use super::recorder::{ObservedShape, Recorder};
 use crate::Row;
-use crate::agent::{Agent, ObservedShape};
 
 /// The optimizer, for its state bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,46 +40,34 @@ impl Optimizer {
     }
 }
 
-impl Agent {
-    /// Runs `forward` once (no gradients) to see layer shapes, then sends one `model`
-    /// row per layer. Returns the rows (also for inert agents, so callers can print).
-    pub fn profile_model(
-        &self,
-        vs: &VarStore,
-        optimizer: Optimizer,
-        forward: impl FnOnce(),
-    ) -> Vec<ModelRow> {
-        self.profile_parameters(vs.variables(), optimizer, forward)
-    }
-
-    /// [`Agent::profile_model`] for parameters given by name (`layer.weight`), as a
-    /// PyTorch module's `named_parameters()` lists them.
-    pub fn profile_parameters(
-        &self,
-        parameters: impl IntoIterator<Item = (String, tch::Tensor)>,
-        optimizer: Optimizer,
-        forward: impl FnOnce(),
-    ) -> Vec<ModelRow> {
-        let shapes = match self.inner() {
-            Some(inner) => {
-                inner.profiling.store(true, Ordering::Relaxed);
-                {
-                    let _guard = tch::no_grad_guard();
-                    forward();
-                }
-                inner.profiling.store(false, Ordering::Relaxed);
-                std::mem::take(&mut *inner.shapes.lock().unwrap_or_else(|e| e.into_inner()))
+/// Runs `forward` once (no gradients) with shape recording on, groups `parameters`
+/// into layers, and sends their `model` rows. Without a recorder (an inert agent) it
+/// still returns the rows, from the parameters alone.
+pub(crate) fn record(
+    recorder: Option<&Recorder>,
+    parameters: impl IntoIterator<Item = (String, tch::Tensor)>,
+    optimizer: Optimizer,
+    forward: impl FnOnce(),
+) -> Vec<ModelRow> {
+    let shapes = match recorder {
+        Some(recorder) => {
+            recorder.profiling.store(true, Ordering::Relaxed);
+            {
+                let _guard = tch::no_grad_guard();
+                forward();
             }
-            None => Vec::new(),
-        };
-        let rows = model_rows(parameters, optimizer, &shapes);
-        if let Some(inner) = self.inner() {
-            for row in &rows {
-                inner.transport.send(Row::Model(row.clone()));
-            }
+            recorder.profiling.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *recorder.shapes.lock().unwrap_or_else(|e| e.into_inner()))
         }
-        rows
+        None => Vec::new(),
+    };
+    let rows = model_rows(parameters, optimizer, &shapes);
+    if let Some(recorder) = recorder {
+        for row in &rows {
+            recorder.transport.send(Row::Model(row.clone()));
+        }
     }
+    rows
 }
 
 /// Groups the VarStore's variables into layers and counts them.
@@ -197,7 +184,7 @@ mod tests {
 
     #[test]
     fn flops_and_bytes_follow_metrics_md() {
-        let vs = VarStore::new(tch::Device::Cpu);
+        let vs = nn::VarStore::new(tch::Device::Cpu);
         let _fc = nn::linear(vs.root() / "fc", 5, 64, Default::default());
         let _conv = nn::conv2d(vs.root() / "conv", 3, 8, 3, Default::default());
         let shapes = vec![

@@ -4,37 +4,41 @@
 use tch::Tensor;
 use tch::nn::Module;
 
-use crate::agent::Agent;
+use std::sync::Arc;
+
+use super::recorder::Recorder;
 
 /// A module whose output is observed under `name`.
 #[derive(Debug)]
 pub struct Tap<M> {
-    agent: Agent,
+    /// `None` for an inert agent.
+    recorder: Option<Arc<Recorder>>,
     name: String,
     inner: M,
-    /// Decided once, at creation: whether the agent records at all.
-    enabled: bool,
     /// A hint for the model profile (`attention`), else `None`.
     kind: Option<&'static str>,
 }
 
 impl<M: Module> Tap<M> {
-    pub(crate) fn new(agent: Agent, name: &str, inner: M, kind: Option<&'static str>) -> Tap<M> {
-        if agent.is_active() && !rankscope_proto::is_valid_label(name) {
+    pub(crate) fn new(
+        recorder: Option<Arc<Recorder>>,
+        name: &str,
+        inner: M,
+        kind: Option<&'static str>,
+    ) -> Tap<M> {
+        if recorder.is_some() && !rankscope_proto::is_valid_label(name) {
             tracing::warn!(
                 name = %name.escape_debug(),
                 max_bytes = rankscope_proto::MAX_LABEL_BYTES,
                 "layer name has control characters or is over max_bytes: this tap records nothing"
             );
         }
-        // The layer filter is applied on sampled steps (Agent::wants_layer); shapes
+        // The layer filter is applied on sampled steps (Recorder::wants_layer); shapes
         // for the model profile are recorded for every tapped layer.
-        let enabled = agent.is_active();
         Tap {
-            agent,
+            recorder,
             name: name.to_string(),
             inner,
-            enabled,
             kind,
         }
     }
@@ -51,8 +55,8 @@ impl<M: Module> Tap<M> {
 impl<M: Module> Module for Tap<M> {
     fn forward(&self, xs: &Tensor) -> Tensor {
         let ys = self.inner.forward(xs);
-        if self.enabled {
-            self.agent.observe_kind(&self.name, self.kind, &ys);
+        if let Some(recorder) = &self.recorder {
+            recorder.observe(&self.name, self.kind, &ys);
         }
         ys
     }

@@ -12,12 +12,13 @@
 //! sends the row with the values known by then.
 
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use rankscope_proto::v1::StepRow;
 
-use crate::agent::Agent;
+use super::recorder::Recorder;
 use crate::{Row, now_us};
 
 /// A part of a training step.
@@ -54,11 +55,12 @@ impl Phase {
     }
 }
 
-/// One training step; records its row when dropped. It holds a clone of the
-/// agent, so it may outlive the borrow it was made from.
+/// One training step; records its row when dropped. It holds its own reference to
+/// the agent's recorder, so it may outlive the agent it was made from.
 #[derive(Debug)]
 pub struct StepGuard {
-    agent: Agent,
+    /// `None` for an inert agent.
+    recorder: Option<Arc<Recorder>>,
     started: Instant,
     /// The row as far as it is known; `step_ms` is set by [`StepGuard::stop`].
     row: RefCell<StepRow>,
@@ -66,9 +68,9 @@ pub struct StepGuard {
 }
 
 impl StepGuard {
-    pub(crate) fn begin(agent: &Agent, step: u64) -> StepGuard {
+    pub(crate) fn begin(recorder: Option<Arc<Recorder>>, step: u64) -> StepGuard {
         let started = Instant::now();
-        if let Some(inner) = agent.inner() {
+        if let Some(inner) = &recorder {
             inner.step.store(step, Ordering::Relaxed);
             let planned =
                 inner.config.samples_layers() && step.is_multiple_of(inner.config.sample_every);
@@ -82,7 +84,7 @@ impl StepGuard {
             inner.sampling.store(sampled, Ordering::Relaxed);
         }
         StepGuard {
-            agent: agent.clone(),
+            recorder,
             started,
             row: RefCell::new(StepRow {
                 step,
@@ -99,8 +101,8 @@ impl StepGuard {
 
     /// Whether layer activations are sampled in this step.
     pub fn sampled(&self) -> bool {
-        self.agent
-            .inner()
+        self.recorder
+            .as_ref()
             .is_some_and(|i| !self.stopped.get() && i.sampling.load(Ordering::Relaxed))
     }
 
@@ -157,7 +159,7 @@ impl StepGuard {
         if self.stopped.replace(true) {
             return;
         }
-        let Some(inner) = self.agent.inner() else {
+        let Some(inner) = &self.recorder else {
             return;
         };
         let mut row = self.row.borrow_mut();
@@ -178,7 +180,7 @@ impl StepGuard {
 impl Drop for StepGuard {
     fn drop(&mut self) {
         self.stop();
-        let Some(inner) = self.agent.inner() else {
+        let Some(inner) = &self.recorder else {
             return;
         };
         let queuing = Instant::now();

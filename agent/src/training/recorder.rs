@@ -1,25 +1,9 @@
-//! The handle training code holds: [`Agent`].
-//!
-//! ```no_run
-//! use rankscope_agent::{Agent, step::Phase};
-//! use tch::nn::{self, Module};
-//!
-//! let agent = Agent::from_env().expect("rankscope configuration");
-//! let vs = nn::VarStore::new(tch::Device::Cpu);
-//! let model = nn::seq()
-//!     .add(agent.tap("fc1", nn::linear(vs.root() / "fc1", 5, 64, Default::default())))
-//!     .add_fn(|x| x.silu());
-//! for step in 0..100 {
-//!     let s = agent.step(step);
-//!     let x = { let _p = s.phase(Phase::Data); tch::Tensor::randn([32, 5], tch::kind::FLOAT_CPU) };
-//!     let y = { let _p = s.phase(Phase::Forward); model.forward(&x) };
-//!     s.loss(y.mean(tch::Kind::Float).double_value(&[]));
-//! }
-//! agent.finish();
-//! ```
-//!
-//! An inert agent (mode `off`, or `rank0` on another rank) holds nothing: no thread,
-//! no connection, and every call returns at once.
+//! [`Recorder`]: the running agent of one active rank, which the handle
+//! ([`crate::Agent`]), its step guards ([`super::step`]) and its taps ([`super::tap`])
+//! share. It starts the transport and the metrics worker, takes samples on the
+//! training thread, counts the agent's time there, and sends the final rows at
+//! finish. It imports the layers below the training side (config, sampling, the
+//! budget, the transport), never the handle, the step guards or the taps.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,14 +14,11 @@ use rankscope_proto::v1::{EventRow, Hello, RankRow, RunRow};
 use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES};
 use tch::Tensor;
 
-use crate::config::{AgentConfig, AgentConfigBuilder, ConfigError, OnConfigError};
-use crate::memory::{self, RssReader};
+use super::memory::{self, RssReader};
+use crate::config::AgentConfig;
 use crate::metrics::{self, ConvLayout, MatrixOptions, SpectrumOptions};
 use crate::report::FinishReport;
 use crate::sampler::Sampler;
-pub use crate::sampler::{ActivationSamples, Overhead};
-use crate::step::StepGuard;
-use crate::tap::Tap;
 use crate::transport::{Transport, TransportConfig};
 use crate::worker::{self, Worker};
 use crate::{Row, now_us};
@@ -53,16 +34,10 @@ pub(crate) struct ObservedShape {
 /// Sampled activations waiting for the metrics worker, at most. Samples stay on
 /// the activation's device while queued, so this bounds the extra device memory
 /// to `WORKER_QUEUE × max_rows × cols` elements.
-const WORKER_QUEUE: usize = 16;
-
-/// The agent of one rank. Cheap to clone (an `Arc`); `Send + Sync`.
-#[derive(Clone, Debug, Default)]
-pub struct Agent {
-    inner: Option<Arc<Inner>>,
-}
+pub(super) const WORKER_QUEUE: usize = 16;
 
 #[derive(Debug)]
-pub(crate) struct Inner {
+pub(crate) struct Recorder {
     pub(crate) config: AgentConfig,
     pub(crate) transport: Arc<Transport>,
     worker: Mutex<Option<Worker>>,
@@ -77,7 +52,7 @@ pub(crate) struct Inner {
     pub(crate) overhead_ns: AtomicU64,
     pub(crate) rss: RssReader,
     pub(crate) device_index: Option<i32>,
-    /// True while [`Agent::profile_model`] runs its forward pass.
+    /// True while [`crate::Agent::profile_model`] runs its forward pass.
     pub(crate) profiling: AtomicBool,
     /// Output shapes recorded while profiling, in forward order.
     pub(crate) shapes: Mutex<Vec<ObservedShape>>,
@@ -88,161 +63,8 @@ pub(crate) struct Inner {
     report: OnceLock<FinishReport>,
 }
 
-impl Agent {
-    /// Configures from the environment (see [`crate::config`]). With
-    /// `RANKSCOPE_ON_CONFIG_ERROR=disable`, a wrong configuration logs the error and
-    /// returns a disabled agent instead of failing.
-    pub fn from_env() -> Result<Agent, ConfigError> {
-        Agent::from_builder(AgentConfig::builder())
-    }
-
-    /// Configures from code overrides, then the environment.
-    pub fn from_builder(builder: AgentConfigBuilder) -> Result<Agent, ConfigError> {
-        match builder.build() {
-            Ok(config) => Ok(Agent::new(config)),
-            Err(error) => match builder.on_error() {
-                Ok(OnConfigError::Disable) => {
-                    tracing::error!(%error, "rankscope disabled by RANKSCOPE_ON_CONFIG_ERROR=disable");
-                    Ok(Agent::disabled())
-                }
-                _ => Err(error),
-            },
-        }
-    }
-
-    /// An agent that records nothing.
-    pub fn disabled() -> Agent {
-        Agent { inner: None }
-    }
-
-    /// Starts the agent for `config`. Inert ranks start nothing.
-    pub fn new(config: AgentConfig) -> Agent {
-        if !config.active() {
-            return Agent::disabled();
-        }
-        match Inner::start(config) {
-            Ok(inner) => Agent {
-                inner: Some(Arc::new(inner)),
-            },
-            Err(error) => {
-                tracing::error!(%error, "cannot start the rankscope agent; telemetry is off");
-                Agent::disabled()
-            }
-        }
-    }
-
-    /// Whether this agent records anything.
-    pub fn is_active(&self) -> bool {
-        self.inner.is_some()
-    }
-
-    pub(crate) fn inner(&self) -> Option<&Arc<Inner>> {
-        self.inner.as_ref()
-    }
-
-    pub fn config(&self) -> Option<&AgentConfig> {
-        self.inner.as_deref().map(|i| &i.config)
-    }
-
-    /// Wraps `module` so its output is observed under `name`. The wrapper is
-    /// always the same; whether a step samples the layer is decided at each
-    /// forward ([`Agent::wants_layer`]: never for layers the filter excludes, in
-    /// `steps` mode, or on an inactive agent).
-    pub fn tap<M: tch::nn::Module>(&self, name: &str, module: M) -> Tap<M> {
-        Tap::new(self.clone(), name, module, None)
-    }
-
-    /// [`Agent::tap`] for a self-attention module, so the profile counts its FLOPs.
-    pub fn tap_attention<M: tch::nn::Module>(&self, name: &str, module: M) -> Tap<M> {
-        Tap::new(self.clone(), name, module, Some("attention"))
-    }
-
-    /// Whether activations of `name` are sampled at all. Names the collector would
-    /// refuse (over [`rankscope_proto::MAX_LABEL_BYTES`], control characters) never are.
-    pub fn wants_layer(&self, name: &str) -> bool {
-        self.inner.as_ref().is_some_and(|i| {
-            i.config.samples_layers()
-                && i.config.layer_filter.matches(name)
-                && rankscope_proto::is_valid_label(name)
-        })
-    }
-
-    /// Begins step `step`; the guard records the step row when dropped.
-    pub fn step(&self, step: u64) -> StepGuard {
-        StepGuard::begin(self, step)
-    }
-
-    /// Observes an activation of layer `name`. On a step that is not sampled this
-    /// costs one atomic load.
-    pub fn observe(&self, name: &str, activation: &Tensor) {
-        self.observe_kind(name, None, activation)
-    }
-
-    /// [`Agent::observe`] for a layer of a known kind (`attention`, so the profile
-    /// counts its FLOPs).
-    pub fn observe_kind(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
-        let Some(inner) = &self.inner else { return };
-        if !inner.sampling.load(Ordering::Relaxed) {
-            if inner.profiling.load(Ordering::Relaxed) {
-                inner.record_shape(name, kind, activation);
-            }
-            return;
-        }
-        if !self.wants_layer(name) {
-            return;
-        }
-        let started = Instant::now();
-        if inner.sampler.room_for_one(WORKER_QUEUE) {
-            inner.sample(name, activation);
-        }
-        inner.add_sampling_overhead(started);
-    }
-
-    /// Records an event row (`kind`, a message, an optional value).
-    /// `kind` and `message` are cut to the collector's limits
-    /// ([`rankscope_proto::MAX_LABEL_BYTES`] and [`rankscope_proto::MAX_EVENT_MESSAGE_BYTES`])
-    /// and control characters replaced, so an event can never be refused.
-    pub fn event(&self, kind: &str, message: &str, value: Option<i64>) {
-        if let Some(inner) = &self.inner {
-            inner.transport.send(Row::Event(EventRow {
-                time: now_us(),
-                kind: clean_label(kind, MAX_LABEL_BYTES),
-                message: clean_label(message, MAX_EVENT_MESSAGE_BYTES),
-                value,
-                step: Some(inner.step.load(Ordering::Relaxed)),
-            }));
-        }
-    }
-
-    /// Activation samples so far (not training examples, which the `samples`
-    /// column of `steps` counts): taken, of those dropped, and skipped (not taken,
-    /// to stay within the overhead budget or because the metrics queue was full).
-    /// At finish they are also reported as `samples_dropped` and `samples_skipped`
-    /// events.
-    pub fn activation_samples(&self) -> ActivationSamples {
-        self.inner
-            .as_ref()
-            .map_or(ActivationSamples::default(), |i| i.sampler.samples())
-    }
-
-    /// The agent's CPU time against the process's since the agent started, and
-    /// the budget it is held to (`RANKSCOPE_OVERHEAD_BUDGET`); `None` when inactive.
-    pub fn overhead(&self) -> Option<Overhead> {
-        self.inner.as_ref().map(|i| i.sampler.overhead())
-    }
-
-    /// Flushes everything and waits (at most the configured `finish_timeout`) for
-    /// the collector to acknowledge it. Callable more than once.
-    pub fn finish(&self) -> FinishReport {
-        match &self.inner {
-            Some(inner) => inner.finish(),
-            None => FinishReport::default(),
-        }
-    }
-}
-
-impl Inner {
-    fn start(config: AgentConfig) -> std::io::Result<Inner> {
+impl Recorder {
+    pub(crate) fn start(config: AgentConfig) -> std::io::Result<Recorder> {
         let started_at = now_us();
         let hostname = clean_label(&hostname(), MAX_LABEL_BYTES);
         let hello = Hello {
@@ -305,7 +127,7 @@ impl Inner {
         };
         let device_index = tch::Cuda::is_available()
             .then_some(config.local_rank as i32 % tch::Cuda::device_count().max(1) as i32);
-        Ok(Inner {
+        Ok(Recorder {
             config,
             transport,
             worker: Mutex::new(worker),
@@ -330,7 +152,7 @@ impl Inner {
         self.sampler.add_training_ns(ns, false);
     }
 
-    /// [`Inner::add_overhead`] for time spent taking a sample (it teaches the
+    /// [`Recorder::add_overhead`] for time spent taking a sample (it teaches the
     /// budget what a sample costs).
     fn add_sampling_overhead(&self, since: Instant) {
         let ns = since.elapsed().as_nanos() as u64;
@@ -371,7 +193,7 @@ impl Inner {
         self.sampler.handed(sent);
     }
 
-    fn finish(&self) -> FinishReport {
+    pub(crate) fn finish(&self) -> FinishReport {
         if let Some(report) = self.report.get() {
             return report.clone();
         }
@@ -451,6 +273,42 @@ impl Inner {
             self.device_index.and_then(memory::device_bytes),
         )
     }
+    /// Whether activations of `name` are sampled at all (see [`crate::Agent::wants_layer`]).
+    pub(crate) fn wants_layer(&self, name: &str) -> bool {
+        self.config.samples_layers()
+            && self.config.layer_filter.matches(name)
+            && rankscope_proto::is_valid_label(name)
+    }
+
+    /// Observes an activation (see [`crate::Agent::observe_kind`]). On a step that is not
+    /// sampled this costs one atomic load.
+    pub(crate) fn observe(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
+        if !self.sampling.load(Ordering::Relaxed) {
+            if self.profiling.load(Ordering::Relaxed) {
+                self.record_shape(name, kind, activation);
+            }
+            return;
+        }
+        if !self.wants_layer(name) {
+            return;
+        }
+        let started = Instant::now();
+        if self.sampler.room_for_one(WORKER_QUEUE) {
+            self.sample(name, activation);
+        }
+        self.add_sampling_overhead(started);
+    }
+
+    /// Sends an event row (see [`crate::Agent::event`]).
+    pub(crate) fn event(&self, kind: &str, message: &str, value: Option<i64>) {
+        self.transport.send(Row::Event(EventRow {
+            time: now_us(),
+            kind: clean_label(kind, MAX_LABEL_BYTES),
+            message: clean_label(message, MAX_EVENT_MESSAGE_BYTES),
+            value,
+            step: Some(self.step.load(Ordering::Relaxed)),
+        }));
+    }
 }
 
 /// `text` with control characters replaced and cut to `max` bytes.
@@ -472,61 +330,4 @@ fn hostname() -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "unknown".into())
-}
-
-#[cfg(test)]
-mod tests {
-    //! docs/columns.md against the code: the numbers and names it quotes.
-
-    use super::*;
-
-    const COLUMNS_MD: &str = include_str!("../../docs/columns.md");
-
-    #[test]
-    fn columns_doc_quotes_the_bounds_and_kinds_of_the_code() {
-        let transport = TransportConfig::new("unused");
-        for quoted in [
-            format!("metrics queue ({WORKER_QUEUE} samples)"),
-            format!(
-                "row queue ({} rows)",
-                group_digits(transport.queue_rows as u64)
-            ),
-            format!("memory ({} MiB", transport.outbox_bytes >> 20),
-            format!(
-                "({} GiB, `RANKSCOPE_SPILL_MAX_BYTES`",
-                transport.spill_max_bytes >> 30
-            ),
-            "`VmRSS` of `/proc/self/status`".to_string(),
-        ] {
-            assert!(
-                COLUMNS_MD.contains(&quoted),
-                "docs/columns.md does not say {quoted:?}"
-            );
-        }
-        for kind in crate::event_kind::ALL {
-            assert!(
-                COLUMNS_MD.contains(&format!("| `{kind}` |")),
-                "docs/columns.md lists no event kind {kind}"
-            );
-        }
-        for kind in crate::profile::MODEL_KINDS {
-            assert!(
-                COLUMNS_MD.contains(&format!("`{kind}`")),
-                "docs/columns.md lists no model kind {kind}"
-            );
-        }
-    }
-
-    /// 65536 as the docs write it: 65,536.
-    fn group_digits(n: u64) -> String {
-        let digits = n.to_string();
-        let mut out = String::new();
-        for (i, c) in digits.chars().enumerate() {
-            if i > 0 && (digits.len() - i).is_multiple_of(3) {
-                out.push(',');
-            }
-            out.push(c);
-        }
-        out
-    }
 }

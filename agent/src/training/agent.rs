@@ -1,0 +1,191 @@
+//! The handle training code holds: [`Agent`].
+//!
+//! ```no_run
+//! use rankscope_agent::{Agent, step::Phase};
+//! use tch::nn::{self, Module};
+//!
+//! let agent = Agent::from_env().expect("rankscope configuration");
+//! let vs = nn::VarStore::new(tch::Device::Cpu);
+//! let model = nn::seq()
+//!     .add(agent.tap("fc1", nn::linear(vs.root() / "fc1", 5, 64, Default::default())))
+//!     .add_fn(|x| x.silu());
+//! for step in 0..100 {
+//!     let s = agent.step(step);
+//!     let x = { let _p = s.phase(Phase::Data); tch::Tensor::randn([32, 5], tch::kind::FLOAT_CPU) };
+//!     let y = { let _p = s.phase(Phase::Forward); model.forward(&x) };
+//!     s.loss(y.mean(tch::Kind::Float).double_value(&[]));
+//! }
+//! agent.finish();
+//! ```
+//!
+//! An inert agent (mode `off`, or `rank0` on another rank) holds nothing: no thread,
+//! no connection, and every call returns at once.
+
+use std::sync::Arc;
+
+use rankscope_proto::v1::ModelRow;
+use tch::Tensor;
+use tch::nn::VarStore;
+
+use super::profile::{self, Optimizer};
+use super::recorder::Recorder;
+use super::step::StepGuard;
+use super::tap::Tap;
+use crate::config::{AgentConfig, AgentConfigBuilder, ConfigError, OnConfigError};
+use crate::report::FinishReport;
+pub use crate::sampler::{ActivationSamples, Overhead};
+
+/// The agent of one rank. Cheap to clone (an `Arc`); `Send + Sync`.
+#[derive(Clone, Debug, Default)]
+pub struct Agent {
+    recorder: Option<Arc<Recorder>>,
+}
+
+impl Agent {
+    /// Configures from the environment (see [`crate::config`]). With
+    /// `RANKSCOPE_ON_CONFIG_ERROR=disable`, a wrong configuration logs the error and
+    /// returns a disabled agent instead of failing.
+    pub fn from_env() -> Result<Agent, ConfigError> {
+        Agent::from_builder(AgentConfig::builder())
+    }
+
+    /// Configures from code overrides, then the environment.
+    pub fn from_builder(builder: AgentConfigBuilder) -> Result<Agent, ConfigError> {
+        match builder.build() {
+            Ok(config) => Ok(Agent::new(config)),
+            Err(error) => match builder.on_error() {
+                Ok(OnConfigError::Disable) => {
+                    tracing::error!(%error, "rankscope disabled by RANKSCOPE_ON_CONFIG_ERROR=disable");
+                    Ok(Agent::disabled())
+                }
+                _ => Err(error),
+            },
+        }
+    }
+
+    /// An agent that records nothing.
+    pub fn disabled() -> Agent {
+        Agent { recorder: None }
+    }
+
+    /// Starts the agent for `config`. Inert ranks start nothing.
+    pub fn new(config: AgentConfig) -> Agent {
+        if !config.active() {
+            return Agent::disabled();
+        }
+        match Recorder::start(config) {
+            Ok(recorder) => Agent {
+                recorder: Some(Arc::new(recorder)),
+            },
+            Err(error) => {
+                tracing::error!(%error, "cannot start the rankscope agent; telemetry is off");
+                Agent::disabled()
+            }
+        }
+    }
+
+    /// Whether this agent records anything.
+    pub fn is_active(&self) -> bool {
+        self.recorder.is_some()
+    }
+
+    pub fn config(&self) -> Option<&AgentConfig> {
+        self.recorder.as_deref().map(|r| &r.config)
+    }
+
+    /// Wraps `module` so its output is observed under `name`. The wrapper is
+    /// always the same; whether a step samples the layer is decided at each
+    /// forward ([`Agent::wants_layer`]: never for layers the filter excludes, in
+    /// `steps` mode, or on an inactive agent).
+    pub fn tap<M: tch::nn::Module>(&self, name: &str, module: M) -> Tap<M> {
+        Tap::new(self.recorder.clone(), name, module, None)
+    }
+
+    /// [`Agent::tap`] for a self-attention module, so the profile counts its FLOPs.
+    pub fn tap_attention<M: tch::nn::Module>(&self, name: &str, module: M) -> Tap<M> {
+        Tap::new(self.recorder.clone(), name, module, Some("attention"))
+    }
+
+    /// Whether activations of `name` are sampled at all. Names the collector would
+    /// refuse (over [`rankscope_proto::MAX_LABEL_BYTES`], control characters) never are.
+    pub fn wants_layer(&self, name: &str) -> bool {
+        self.recorder.as_ref().is_some_and(|r| r.wants_layer(name))
+    }
+
+    /// Begins step `step`; the guard records the step row when dropped.
+    pub fn step(&self, step: u64) -> StepGuard {
+        StepGuard::begin(self.recorder.clone(), step)
+    }
+
+    /// Observes an activation of layer `name`. On a step that is not sampled this
+    /// costs one atomic load.
+    pub fn observe(&self, name: &str, activation: &Tensor) {
+        self.observe_kind(name, None, activation)
+    }
+
+    /// [`Agent::observe`] for a layer of a known kind (`attention`, so the profile
+    /// counts its FLOPs).
+    pub fn observe_kind(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
+        if let Some(recorder) = &self.recorder {
+            recorder.observe(name, kind, activation);
+        }
+    }
+
+    /// Records an event row (`kind`, a message, an optional value).
+    /// `kind` and `message` are cut to the collector's limits
+    /// ([`rankscope_proto::MAX_LABEL_BYTES`] and [`rankscope_proto::MAX_EVENT_MESSAGE_BYTES`])
+    /// and control characters replaced, so an event can never be refused.
+    pub fn event(&self, kind: &str, message: &str, value: Option<i64>) {
+        if let Some(recorder) = &self.recorder {
+            recorder.event(kind, message, value);
+        }
+    }
+
+    /// Activation samples so far (not training examples, which the `samples`
+    /// column of `steps` counts): taken, of those dropped, and skipped (not taken,
+    /// to stay within the overhead budget or because the metrics queue was full).
+    /// At finish they are also reported as `samples_dropped` and `samples_skipped`
+    /// events.
+    pub fn activation_samples(&self) -> ActivationSamples {
+        self.recorder
+            .as_ref()
+            .map_or(ActivationSamples::default(), |r| r.sampler.samples())
+    }
+
+    /// The agent's CPU time against the process's since the agent started, and
+    /// the budget it is held to (`RANKSCOPE_OVERHEAD_BUDGET`); `None` when inactive.
+    pub fn overhead(&self) -> Option<Overhead> {
+        self.recorder.as_ref().map(|r| r.sampler.overhead())
+    }
+
+    /// Flushes everything and waits (at most the configured `finish_timeout`) for
+    /// the collector to acknowledge it. Callable more than once.
+    pub fn finish(&self) -> FinishReport {
+        match &self.recorder {
+            Some(recorder) => recorder.finish(),
+            None => FinishReport::default(),
+        }
+    }
+
+    /// Runs `forward` once (no gradients) to see layer shapes, then sends one `model`
+    /// row per layer. Returns the rows (also for inert agents, so callers can print).
+    pub fn profile_model(
+        &self,
+        vs: &VarStore,
+        optimizer: Optimizer,
+        forward: impl FnOnce(),
+    ) -> Vec<ModelRow> {
+        self.profile_parameters(vs.variables(), optimizer, forward)
+    }
+
+    /// [`Agent::profile_model`] for parameters given by name (`layer.weight`), as a
+    /// PyTorch module's `named_parameters()` lists them.
+    pub fn profile_parameters(
+        &self,
+        parameters: impl IntoIterator<Item = (String, tch::Tensor)>,
+        optimizer: Optimizer,
+        forward: impl FnOnce(),
+    ) -> Vec<ModelRow> {
+        profile::record(self.recorder.as_deref(), parameters, optimizer, forward)
+    }
+}

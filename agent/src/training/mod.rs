@@ -1,0 +1,82 @@
+//! The training side: what runs on the training thread, called by training code.
+//!
+//! - [`agent`]: [`Agent`], the handle training code holds (a cheap clone);
+//! - `recorder`: the running agent of an active rank, which the handle, its step
+//!   guards and its taps share;
+//! - [`step`]: step and phase timing, the `steps` row;
+//! - [`tap`]: [`tap::Tap`], which wraps a tch module so its output is observed;
+//! - [`profile`]: the static model profile, the `model` rows;
+//! - [`memory`]: RSS and the accelerator allocator's bytes, for the `steps` row.
+//!
+//! The training side is the top of the agent: it may import every other part
+//! (config, sampling, the budget, the transport), and none of them imports it.
+//! Within it the handle imports the others; step, tap and profile import only the
+//! recorder, and the recorder only memory.
+
+pub mod agent;
+pub mod memory;
+pub mod profile;
+mod recorder;
+pub mod step;
+pub mod tap;
+
+pub use agent::Agent;
+
+#[cfg(test)]
+mod tests {
+    //! docs/columns.md against the code: the numbers and names it quotes.
+
+    use super::profile;
+    use super::recorder::WORKER_QUEUE;
+    use crate::transport::TransportConfig;
+
+    const COLUMNS_MD: &str = include_str!("../../../docs/columns.md");
+
+    #[test]
+    fn columns_doc_quotes_the_bounds_and_kinds_of_the_code() {
+        let transport = TransportConfig::new("unused");
+        for quoted in [
+            format!("metrics queue ({WORKER_QUEUE} samples)"),
+            format!(
+                "row queue ({} rows)",
+                group_digits(transport.queue_rows as u64)
+            ),
+            format!("memory ({} MiB", transport.outbox_bytes >> 20),
+            format!(
+                "({} GiB, `RANKSCOPE_SPILL_MAX_BYTES`",
+                transport.spill_max_bytes >> 30
+            ),
+            "`VmRSS` of `/proc/self/status`".to_string(),
+        ] {
+            assert!(
+                COLUMNS_MD.contains(&quoted),
+                "docs/columns.md does not say {quoted:?}"
+            );
+        }
+        for kind in crate::event_kind::ALL {
+            assert!(
+                COLUMNS_MD.contains(&format!("| `{kind}` |")),
+                "docs/columns.md lists no event kind {kind}"
+            );
+        }
+        for kind in profile::MODEL_KINDS {
+            assert!(
+                COLUMNS_MD.contains(&format!("`{kind}`")),
+                "docs/columns.md lists no model kind {kind}"
+            );
+        }
+    }
+
+    /// 65536 as the docs write it: 65,536.
+    fn group_digits(n: u64) -> String {
+        let digits = n.to_string();
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    }
+}
