@@ -5,7 +5,7 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=src/training/device_stats.cpp");
-    println!("cargo:rerun-if-changed=src/threads.cpp");
+    println!("cargo:rerun-if-changed=src/sampling/threads.cpp");
     #[cfg(feature = "torch")]
     torch::build();
 }
@@ -24,7 +24,7 @@ mod torch {
         cc::Build::new()
             .cpp(true)
             .file("src/training/device_stats.cpp")
-            .file("src/threads.cpp")
+            .file("src/sampling/threads.cpp")
             .include(root.join("include"))
             .include(root.join("include/torch/csrc/api/include"))
             .flag("-std=c++17")

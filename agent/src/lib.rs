@@ -38,18 +38,10 @@ pub mod spill;
 pub mod transport;
 
 #[cfg(feature = "torch")]
-pub mod metrics;
-#[cfg(feature = "torch")]
 pub mod sampler;
-#[cfg(feature = "torch")]
-pub mod sketch;
-#[cfg(feature = "torch")]
-pub mod spectra;
-#[cfg(feature = "torch")]
-pub mod threads;
-#[cfg(feature = "torch")]
-pub mod worker;
 
+#[cfg(feature = "torch")]
+pub mod sampling;
 #[cfg(feature = "torch")]
 pub mod training;
 

@@ -16,11 +16,11 @@ use tch::Tensor;
 
 use super::memory::{self, RssReader};
 use crate::config::AgentConfig;
-use crate::metrics::{self, ConvLayout, MatrixOptions, SpectrumOptions};
 use crate::report::FinishReport;
 use crate::sampler::Sampler;
+use crate::sampling::worker::{self, Worker};
+use crate::sampling::{self, ConvLayout, MatrixOptions, SpectrumOptions};
 use crate::transport::{Transport, TransportConfig};
-use crate::worker::{self, Worker};
 use crate::{Row, now_us};
 
 /// A tapped layer's output shape, seen during profiling.
@@ -177,9 +177,9 @@ impl Recorder {
         let _guard = tch::no_grad_guard();
         self.sampler.taken();
         let step = self.step.load(Ordering::Relaxed);
-        let seed = metrics::sample_seed(&self.config.run_id, self.config.rank, step, name);
+        let seed = sampling::sample_seed(&self.config.run_id, self.config.rank, step, name);
         // A copy of our own: training may modify its activation in place later.
-        let prepared = metrics::prepare(&activation.detach(), &self.options, seed)
+        let prepared = sampling::prepare(&activation.detach(), &self.options, seed)
             .and_then(|sample| sample.to_owned_copy());
         let Ok(sample) = prepared else {
             self.sampler.handed(false);

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use rankscope_agent::config::{AgentConfig, OverheadBudget};
-use rankscope_agent::metrics;
+use rankscope_agent::sampling;
 use rankscope_agent::{Agent, Mode};
 use tch::Device;
 use tch::nn::{self, OptimizerConfig};
@@ -585,17 +585,17 @@ impl Drop for ChildCollector {
 /// `--spectrum`: one matrix per kind of spectrum, both methods, on one intra-op thread
 /// (as the metrics worker runs).
 fn spectrum(args: &Args) -> anyhow::Result<()> {
-    use rankscope_agent::spectra::{self, SpectrumKind};
+    use rankscope_agent::sampling::spectra::{self, SpectrumKind};
     let side = args.rows.min(args.cols);
-    if side < metrics::SKETCH_MIN_SIDE {
+    if side < sampling::SKETCH_MIN_SIDE {
         anyhow::bail!(
             "--rows {} --cols {}: the sketch needs at least {} of each",
             args.rows,
             args.cols,
-            metrics::SKETCH_MIN_SIDE
+            sampling::SKETCH_MIN_SIDE
         );
     }
-    rankscope_agent::threads::limit_this_thread(1);
+    rankscope_agent::sampling::threads::limit_this_thread(1);
     let rounds = args.rounds.max(1);
     let mut comparisons = Vec::new();
     for kind in SpectrumKind::ALL {

@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use rankscope_agent::Agent;
-use rankscope_agent::config::{AgentConfig, OverheadBudget};
-use rankscope_agent::metrics::{self, MatrixOptions};
 use rankscope_agent::step::Phase;
+use rankscope_agent::config::{AgentConfig, OverheadBudget};
+use rankscope_agent::sampling::{self, MatrixOptions};
 use tch::nn;
 use tch::{Device, Tensor};
 
@@ -87,15 +87,15 @@ pub(super) fn sampled_cost(addr: &str) -> anyhow::Result<(f64, f64, String)> {
     let options = MatrixOptions {
         max_rows: rankscope_agent::config::DEFAULT_MAX_ROWS,
         centered: false,
-        conv_layout: metrics::ConvLayout::default(),
-        spectrum: metrics::SpectrumOptions::default(),
+        conv_layout: sampling::ConvLayout::default(),
+        spectrum: sampling::SpectrumOptions::default(),
     };
     let compute = std::thread::spawn(move || {
-        rankscope_agent::threads::limit_this_thread(1);
+        rankscope_agent::sampling::threads::limit_this_thread(1);
         let mut ms = Vec::new();
         for _ in 0..50 {
             let started = Instant::now();
-            std::hint::black_box(metrics::compute(&activation, &options, 0));
+            std::hint::black_box(sampling::compute(&activation, &options, 0));
             ms.push(started.elapsed().as_secs_f64() * 1e3);
         }
         median(&ms)

@@ -3,7 +3,10 @@
 
 use tch::{Kind, TchError, Tensor};
 
-use crate::metrics::{Sample, SpectrumMode, SpectrumOptions, SplitMix64, gaussian, measure};
+use super::measure::measure;
+use super::options::{SpectrumMode, SpectrumOptions};
+use super::prepare::Sample;
+use super::spectral::{SplitMix64, gaussian};
 
 /// A kind of singular-value spectrum.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,7 +83,7 @@ pub struct Comparison {
     /// Median CPU seconds of this thread for [`measure`] with each method.
     pub exact_cpu_s: f64,
     pub sketch_cpu_s: f64,
-    /// Exact values and relative errors of the sketch, in [`crate::metrics::Spectral::named`] order.
+    /// Exact values and relative errors of the sketch, in [`super::spectral::Spectral::named`] order.
     pub exact: Vec<(&'static str, f64)>,
     pub relative_error: Vec<f64>,
 }
@@ -216,7 +219,7 @@ mod tests {
             r.parse()
                 .expect("SPECTRUM_TABLE_ROUNDS is a whole number, e.g. 5")
         });
-        crate::threads::limit_this_thread(1);
+        crate::sampling::threads::limit_this_thread(1);
         let comparisons: Vec<Comparison> = SpectrumKind::ALL
             .into_iter()
             .map(|kind| compare(kind, rows, cols, rounds).unwrap())

@@ -1,6 +1,11 @@
 //! The metrics' tests.
 
-use super::*;
+use tch::{Device, Kind, Tensor};
+
+use crate::sampling::measure::{LayerMetrics, compute};
+use crate::sampling::options::{ConvLayout, MatrixOptions, Method, SpectrumMode, SpectrumOptions};
+use crate::sampling::prepare::{choose_rows, sample_rows, sample_seed, to_matrix};
+use crate::sampling::spectral::{self, Spectral, SplitMix64, spectral};
 
 const REL_TOL: f64 = 1e-5;
 
@@ -16,7 +21,7 @@ fn options(max_rows: usize, centered: bool, conv_layout: ConvLayout) -> MatrixOp
 /// Deterministic standard normals (Box–Muller), independent of libtorch's global RNG so
 /// parallel tests cannot disturb each other.
 fn gaussian(len: usize, seed: u64) -> Vec<f32> {
-    super::gaussian(&mut SplitMix64(seed), len)
+    spectral::gaussian(&mut SplitMix64(seed), len)
 }
 
 fn tensor(data: &[f32], shape: &[i64]) -> Tensor {

@@ -1,9 +1,9 @@
 //! The metrics worker: a thread that turns sampled activations into `layers` rows,
 //! so the spectra never run on the training thread.
 //!
-//! The training thread prepares each sample once ([`metrics::prepare`]: reshape and
+//! The training thread prepares each sample once ([`super::prepare::prepare`]: reshape and
 //! row sample, then a detached copy) and hands the [`Job`] over through a bounded
-//! queue (`try_send`); this thread only measures ([`metrics::measure`]). The
+//! queue (`try_send`); this thread only measures ([`super::measure::measure`]). The
 //! training thread takes no sample while the queue is full (it counts it as
 //! skipped, [`crate::sampler`]), and the overhead budget keeps the worker's CPU
 //! time within its share ([`crate::budget`]): the worker runs in the normal
@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use rankscope_proto::v1::EventRow;
 
+use super::measure::measure;
+use super::options::SpectrumOptions;
+use super::prepare::Sample;
 use crate::cpu_clock;
-use crate::metrics::{self, Sample, SpectrumOptions};
 use crate::sampler::WorkerCounters;
 use crate::transport::Transport;
 use crate::{Row, now_us};
@@ -71,7 +73,7 @@ impl Worker {
             .name("rankscope-metrics".into())
             .spawn(move || {
                 let _guard = tch::no_grad_guard();
-                if crate::threads::limit_this_thread(1).is_none() {
+                if super::threads::limit_this_thread(1).is_none() {
                     tracing::debug!("cannot limit the metrics worker's intra-op threads");
                 }
                 let report_cpu = || {
@@ -86,7 +88,7 @@ impl Worker {
                         continue;
                     }
                     let started = Instant::now();
-                    let m = metrics::measure(&job.sample, centered, &spectrum);
+                    let m = measure(&job.sample, centered, &spectrum);
                     let compute_ms = started.elapsed().as_secs_f64() * 1e3;
                     if m.nonfinite > 0 {
                         transport.send(Row::Event(EventRow {
