@@ -32,9 +32,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use crate::budget::OverheadBudget;
-pub use crate::client_tls::ClientTls;
 pub use crate::collector_list::CollectorList;
 pub use crate::layer_filter::LayerFilter;
+pub use crate::transport::client_tls::ClientTls;
+pub use crate::transport::{DEFAULT_QUEUE_ROWS, DEFAULT_SPILL_MAX_BYTES};
 
 mod modes;
 mod tls;
@@ -83,8 +84,6 @@ pub const DEFAULT_MAX_ROWS: usize = 4096;
 /// `auto` sketches a matrix with at least this many rows and columns: there the exact
 /// path costs over a second of CPU (`docs/metrics.md`, "Sketch mode").
 pub const DEFAULT_SKETCH_THRESHOLD: usize = 1536;
-pub const DEFAULT_SPILL_MAX_BYTES: u64 = 1 << 30;
-pub const DEFAULT_QUEUE_ROWS: usize = 65_536;
 pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default spill root: `rankscope-spill-$USER` in the temporary directory (one

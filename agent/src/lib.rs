@@ -25,32 +25,22 @@
 //!   (the static model profile), and [`agent`] (the handle training code holds).
 
 pub mod budget;
-pub mod client_tls;
 pub mod collector_list;
 pub mod config;
-mod connection;
-pub mod cpu_clock;
 pub mod layer_filter;
-pub mod outbox;
-mod queue;
-pub mod report;
-pub mod spill;
 pub mod transport;
-
-#[cfg(feature = "torch")]
-pub mod sampler;
 
 #[cfg(feature = "torch")]
 pub mod sampling;
 #[cfg(feature = "torch")]
 pub mod training;
 
-pub use client_tls::ClientTls;
 pub use config::{AgentConfig, ConfigError, Mode};
 pub use rankscope_proto::Row;
-pub use report::FinishReport;
 #[cfg(feature = "torch")]
 pub use training::{Agent, agent, memory, profile, step, tap};
+pub use transport::ClientTls;
+pub use transport::FinishReport;
 pub use transport::{Transport, TransportConfig};
 
 /// The `events.kind` values the agent writes itself (docs/columns.md explains each).

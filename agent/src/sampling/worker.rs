@@ -5,7 +5,7 @@
 //! row sample, then a detached copy) and hands the [`Job`] over through a bounded
 //! queue (`try_send`); this thread only measures ([`super::measure::measure`]). The
 //! training thread takes no sample while the queue is full (it counts it as
-//! skipped, [`crate::sampler`]), and the overhead budget keeps the worker's CPU
+//! skipped, [`crate::budget::sampler`]), and the overhead budget keeps the worker's CPU
 //! time within its share ([`crate::budget`]): the worker runs in the normal
 //! scheduling class and reports its own CPU time after each sample.
 
@@ -20,8 +20,8 @@ use rankscope_proto::v1::EventRow;
 use super::measure::measure;
 use super::options::SpectrumOptions;
 use super::prepare::Sample;
-use crate::cpu_clock;
-use crate::sampler::WorkerCounters;
+use crate::budget::cpu_clock;
+use crate::budget::sampler::WorkerCounters;
 use crate::transport::Transport;
 use crate::{Row, now_us};
 

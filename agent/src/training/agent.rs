@@ -31,9 +31,9 @@ use super::profile::{self, Optimizer};
 use super::recorder::Recorder;
 use super::step::StepGuard;
 use super::tap::Tap;
+pub use crate::budget::sampler::{ActivationSamples, Overhead};
 use crate::config::{AgentConfig, AgentConfigBuilder, ConfigError, OnConfigError};
-use crate::report::FinishReport;
-pub use crate::sampler::{ActivationSamples, Overhead};
+use crate::transport::report::FinishReport;
 
 /// The agent of one rank. Cheap to clone (an `Arc`); `Send + Sync`.
 #[derive(Clone, Debug, Default)]

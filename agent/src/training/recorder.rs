@@ -15,11 +15,11 @@ use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES};
 use tch::Tensor;
 
 use super::memory::{self, RssReader};
+use crate::budget::sampler::Sampler;
 use crate::config::AgentConfig;
-use crate::report::FinishReport;
-use crate::sampler::Sampler;
 use crate::sampling::worker::{self, Worker};
 use crate::sampling::{self, ConvLayout, MatrixOptions, SpectrumOptions};
+use crate::transport::report::FinishReport;
 use crate::transport::{Transport, TransportConfig};
 use crate::{Row, now_us};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use rankscope_agent::config::CollectorList;
-use rankscope_agent::spill::SpillLog;
+use rankscope_agent::transport::spill::SpillLog;
 use rankscope_agent::{Transport, TransportConfig};
 
 /// Send spilled telemetry to a collector.

@@ -1,12 +1,6 @@
-//! The transport: the handle the training side holds ([`Transport`]) and its
-//! settings. It starts a background thread, with its own single-threaded tokio
-//! runtime, that batches rows and streams them to the collector (the
-//! `connection` module).
-//!
-//! The training thread only calls [`Transport::send`], a push into the bounded
-//! row queue (the `queue` module): when the queue is full the row is dropped and counted, never
-//! waited for. [`Transport::finish`] sends a final batch, waits a bounded time for
-//! the acknowledgements and returns a [`FinishReport`].
+//! [`Transport`], the handle the training side holds. It starts the transport
+//! thread (the `connection` module) and talks to it through the row queue and
+//! [`super::connection::Control`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,12 +12,10 @@ use std::time::{Duration, Instant};
 use rankscope_proto::v1::Hello;
 use tokio::sync::mpsc;
 
+use super::connection::{Control, Counters, Streamer, TransportConfig};
+use super::queue::RowQueue;
+use super::report::FinishReport;
 use crate::Row;
-use crate::connection::{Control, Counters, Streamer};
-use crate::queue::RowQueue;
-use crate::report::FinishReport;
-
-pub use crate::connection::{DRAIN_EVERY, TransportConfig};
 
 /// The handle the training side holds. Cheap to call from the hot path.
 #[derive(Debug)]
@@ -72,9 +64,11 @@ impl Transport {
 
     /// The transport thread's CPU clock (for the overhead budget); read it only
     /// before [`Transport::finish`], which joins the thread.
-    pub fn cpu_clock(&self) -> Option<crate::cpu_clock::ThreadClock> {
+    pub fn cpu_clock(&self) -> Option<crate::budget::cpu_clock::ThreadClock> {
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner());
-        thread.as_ref().and_then(crate::cpu_clock::ThreadClock::of)
+        thread
+            .as_ref()
+            .and_then(crate::budget::cpu_clock::ThreadClock::of)
     }
 
     /// Queues a row, or gives it back when the queue is full (nothing counted): for

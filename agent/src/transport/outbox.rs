@@ -12,7 +12,7 @@
 //! collector was down for the whole run. The numbering is written to the spill, so
 //! a later incarnation reads every batch back with the `seq` it was sent with.
 //!
-//! **With a spill directory** ([`crate::spill`]) every batch is written to disk
+//! **With a spill directory** ([`super::spill`]) every batch is written to disk
 //! when it is cut; memory keeps copies of the newest batches up to `memory_bytes`
 //! and older ones are read back from disk when resent. A process started for the
 //! same run and rank takes over what an earlier one left ([`Outbox::open`]).
@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use prost::Message;
 use rankscope_proto::v1::Batch;
 
-use crate::spill::{Location, SpillLog};
+use super::spill::{Location, SpillLog};
 
 /// The highest `durable_seq` a `Welcome` may carry: half the `seq` space, more
 /// batches than any run sends (one a millisecond for 10⁸ years), so numbering

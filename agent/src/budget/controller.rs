@@ -3,7 +3,7 @@
 //! fewer activation samples.
 //!
 //! The agent's CPU time is measured, not estimated: the CPU clocks of its metrics
-//! and transport threads ([`crate::cpu_clock`]) plus its time on the training
+//! and transport threads ([`super::cpu_clock`]) plus its time on the training
 //! thread (the `overhead_ms` of the step rows). The process's CPU time is
 //! `CLOCK_PROCESS_CPUTIME_ID`. Both are read at each planned sample (every
 //! `RANKSCOPE_SAMPLE_EVERY` steps), never on other steps.

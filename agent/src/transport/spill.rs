@@ -18,7 +18,7 @@
 //! `crc32` (IEEE) covers `kind` and `body`. Kinds:
 //! - [`KIND_BATCH`]: body = a protobuf `Batch`. `seq` 0 means *not numbered yet*:
 //!   a batch gets its `seq` only once the collector has told the rank, in its
-//!   `Welcome`, where its sequence stands (see [`crate::outbox`]).
+//!   `Welcome`, where its sequence stands (see [`super::outbox`]).
 //! - [`KIND_NUMBERED`]: body = `last_seq: u64 LE | count: u64 LE`: the `count`
 //!   latest not-yet-numbered batches written before this record are numbered
 //!   `last_seq − count + 1 ..= last_seq`, in write order.
@@ -31,7 +31,7 @@
 //!   batch comes before every unnumbered one.
 //! - A segment is deleted whole: when every batch in it is acknowledged (the
 //!   collector holds them durably), or by the size bound (oldest first; see
-//!   [`crate::outbox`] for the policy and how the loss is reported).
+//!   [`super::outbox`] for the policy and how the loss is reported).
 //!
 //! # After a crash
 //!

@@ -15,8 +15,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::budget::{BudgetController, CpuTimes, OverheadBudget, SampleCost};
-use crate::cpu_clock::{self, ThreadClock};
+use super::controller::{BudgetController, CpuTimes, OverheadBudget, SampleCost};
+use super::cpu_clock::{self, ThreadClock};
 
 /// Activation samples of one agent (see [`crate::Agent::activation_samples`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

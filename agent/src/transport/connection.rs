@@ -25,11 +25,11 @@ use tokio::sync::mpsc;
 use tonic::Streaming;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::client_tls::ClientTls;
-use crate::outbox::{Outbox, OutboxConfig};
-use crate::queue::RowQueue;
-use crate::report::FinishReport;
-use crate::spill::SpillLog;
+use super::client_tls::ClientTls;
+use super::outbox::{Outbox, OutboxConfig};
+use super::queue::RowQueue;
+use super::report::FinishReport;
+use super::spill::SpillLog;
 use crate::{Row, now_us};
 
 /// How often the transport thread takes the rows queued by the training side.
@@ -40,6 +40,11 @@ use crate::{Row, now_us};
 /// were rows. 100 ms still takes the queue (65,536 rows) five times per batch
 /// interval.
 pub const DRAIN_EVERY: Duration = Duration::from_millis(100);
+
+/// Rows the training thread may queue by default (`queue_rows`).
+pub const DEFAULT_QUEUE_ROWS: usize = 65_536;
+/// One rank's spill bound by default (`spill_max_bytes`, `RANKSCOPE_SPILL_MAX_BYTES`).
+pub const DEFAULT_SPILL_MAX_BYTES: u64 = 1 << 30;
 
 /// Transport settings.
 #[derive(Debug, Clone)]
@@ -74,12 +79,12 @@ impl TransportConfig {
     pub fn new(collector: impl Into<String>) -> TransportConfig {
         TransportConfig {
             collector: collector.into(),
-            queue_rows: crate::config::DEFAULT_QUEUE_ROWS,
+            queue_rows: DEFAULT_QUEUE_ROWS,
             batch_rows: 1024,
             batch_interval: Duration::from_millis(500),
             outbox_bytes: 64 * 1024 * 1024,
             spill_dir: None,
-            spill_max_bytes: crate::config::DEFAULT_SPILL_MAX_BYTES,
+            spill_max_bytes: DEFAULT_SPILL_MAX_BYTES,
             max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
             max_backoff: Duration::from_secs(5),
             token: None,

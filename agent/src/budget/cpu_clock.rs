@@ -1,4 +1,4 @@
-//! CPU clocks for the overhead budget ([`crate::budget`]): the whole process's
+//! CPU clocks for the overhead budget ([`super::controller`]): the whole process's
 //! (`CLOCK_PROCESS_CPUTIME_ID`) and one thread's, read from any thread of the
 //! process (`pthread_getcpuclockid`). Each read is one `clock_gettime` call.
 
