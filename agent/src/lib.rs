@@ -25,9 +25,7 @@
 //!   (the static model profile), and [`agent`] (the handle training code holds).
 
 pub mod budget;
-pub mod collector_list;
 pub mod config;
-pub mod layer_filter;
 pub mod transport;
 
 #[cfg(feature = "torch")]

@@ -1,9 +1,10 @@
 //! TLS to the collector from the `RANKSCOPE_TLS_*` variables.
 
-use super::{
-    ClientTls, ConfigError, RANKSCOPE_TLS_CA, RANKSCOPE_TLS_CERT, RANKSCOPE_TLS_DOMAIN,
-    RANKSCOPE_TLS_KEY,
+use super::error::ConfigError;
+use super::variables::{
+    RANKSCOPE_TLS_CA, RANKSCOPE_TLS_CERT, RANKSCOPE_TLS_DOMAIN, RANKSCOPE_TLS_KEY,
 };
+use crate::transport::ClientTls;
 
 /// TLS settings from `RANKSCOPE_TLS_*` in the process environment (for tools that
 /// use the transport without an [`AgentConfig`]).

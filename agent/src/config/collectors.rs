@@ -1,7 +1,7 @@
 //! Where a rank sends: one collector address, or a comma-separated list that splits
 //! the ranks between collectors (`RANKSCOPE_COLLECTOR`, `--collector`).
 
-use crate::config::ConfigError;
+use super::error::ConfigError;
 
 /// The collectors of a run: one address, or several that split the ranks between
 /// them. Rank `r` always sends to entry `r % len`, so each (run, rank) meets one

@@ -3,6 +3,17 @@
 //! builder) > environment > default. Inconsistent values are errors that name the
 //! variable and the fix, never guesses.
 //!
+//! - this module: [`AgentConfig`], the builder and the checks across settings;
+//! - `rank_env`: the rank identity and the run id, from the launcher's variables;
+//! - `variables`: the variables' names and defaults; `parse`: their value parsers;
+//! - `error`: [`ConfigError`];
+//! - `collectors`: [`CollectorList`]; `layer_filter`: [`LayerFilter`]; `modes`:
+//!   [`Mode`] and [`SpectrumMode`]; `tls`: the `RANKSCOPE_TLS_*` variables.
+//!
+//! Config imports the budget (its value type) and the transport (TLS and the queue and
+//! spill defaults); sampling and the training side import it. Within it, `error` and
+//! `variables` are the floor every other part stands on.
+//!
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK` | torchrun's rank identity | rank 0 of 1 |
@@ -31,179 +42,26 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use crate::budget::OverheadBudget;
-pub use crate::collector_list::CollectorList;
-pub use crate::layer_filter::LayerFilter;
-pub use crate::transport::client_tls::ClientTls;
-pub use crate::transport::{DEFAULT_QUEUE_ROWS, DEFAULT_SPILL_MAX_BYTES};
-
+mod collectors;
+mod error;
+mod layer_filter;
 mod modes;
+mod parse;
+mod rank_env;
 mod tls;
+mod variables;
+
+pub use crate::budget::OverheadBudget;
+pub use crate::transport::ClientTls;
+pub use collectors::CollectorList;
+pub use error::ConfigError;
+pub use layer_filter::LayerFilter;
 pub use modes::{Mode, SpectrumMode};
+use parse::{number, parse_bool, parse_size};
+use rank_env::{RankIdentity, RankOverrides, rank_identity, run_id};
 pub use tls::client_tls_from_env;
 use tls::client_tls_with;
-
-pub const RANK: &str = "RANK";
-pub const LOCAL_RANK: &str = "LOCAL_RANK";
-pub const WORLD_SIZE: &str = "WORLD_SIZE";
-pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
-pub const GROUP_RANK: &str = "GROUP_RANK";
-pub const MASTER_ADDR: &str = "MASTER_ADDR";
-pub const MASTER_PORT: &str = "MASTER_PORT";
-pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
-pub const SLURM_PROCID: &str = "SLURM_PROCID";
-pub const SLURM_LOCALID: &str = "SLURM_LOCALID";
-pub const SLURM_NTASKS: &str = "SLURM_NTASKS";
-pub const SLURM_NODEID: &str = "SLURM_NODEID";
-pub const SLURM_JOB_ID: &str = "SLURM_JOB_ID";
-pub const RANKSCOPE_COLLECTOR: &str = "RANKSCOPE_COLLECTOR";
-pub const RANKSCOPE_RUN_ID: &str = "RANKSCOPE_RUN_ID";
-pub const RANKSCOPE_MODE: &str = "RANKSCOPE_MODE";
-pub const RANKSCOPE_SAMPLE_EVERY: &str = "RANKSCOPE_SAMPLE_EVERY";
-pub const RANKSCOPE_LAYERS: &str = "RANKSCOPE_LAYERS";
-pub const RANKSCOPE_MAX_ROWS: &str = "RANKSCOPE_MAX_ROWS";
-pub const RANKSCOPE_CENTER: &str = "RANKSCOPE_CENTER";
-pub const RANKSCOPE_CONV_LAYOUT: &str = "RANKSCOPE_CONV_LAYOUT";
-pub const RANKSCOPE_SPECTRUM: &str = "RANKSCOPE_SPECTRUM";
-pub const RANKSCOPE_SKETCH_THRESHOLD: &str = "RANKSCOPE_SKETCH_THRESHOLD";
-pub const RANKSCOPE_ON_CONFIG_ERROR: &str = "RANKSCOPE_ON_CONFIG_ERROR";
-pub const RANKSCOPE_TOKEN: &str = "RANKSCOPE_TOKEN";
-pub const RANKSCOPE_SPILL_DIR: &str = "RANKSCOPE_SPILL_DIR";
-pub const RANKSCOPE_OVERHEAD_BUDGET: &str = "RANKSCOPE_OVERHEAD_BUDGET";
-/// No longer read: an error that points to [`RANKSCOPE_OVERHEAD_BUDGET`].
-pub const RANKSCOPE_WORKER_PRIORITY: &str = "RANKSCOPE_WORKER_PRIORITY";
-pub const RANKSCOPE_TLS_CA: &str = "RANKSCOPE_TLS_CA";
-pub const RANKSCOPE_TLS_CERT: &str = "RANKSCOPE_TLS_CERT";
-pub const RANKSCOPE_TLS_KEY: &str = "RANKSCOPE_TLS_KEY";
-pub const RANKSCOPE_TLS_DOMAIN: &str = "RANKSCOPE_TLS_DOMAIN";
-pub const RANKSCOPE_SPILL_MAX_BYTES: &str = "RANKSCOPE_SPILL_MAX_BYTES";
-
-pub const DEFAULT_COLLECTOR: &str = "127.0.0.1:50051";
-pub const DEFAULT_SAMPLE_EVERY: u64 = 10;
-pub const DEFAULT_MAX_ROWS: usize = 4096;
-/// `auto` sketches a matrix with at least this many rows and columns: there the exact
-/// path costs over a second of CPU (`docs/metrics.md`, "Sketch mode").
-pub const DEFAULT_SKETCH_THRESHOLD: usize = 1536;
-pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The default spill root: `rankscope-spill-$USER` in the temporary directory (one
-/// per user, so users of a shared node never collide).
-pub fn default_spill_dir() -> PathBuf {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .ok()
-        .filter(|u| {
-            !u.is_empty()
-                && u.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
-        });
-    match user {
-        Some(user) => std::env::temp_dir().join(format!("rankscope-spill-{user}")),
-        None => std::env::temp_dir().join("rankscope-spill"),
-    }
-}
-
-/// A wrong configuration, naming the variable and the fix.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{var}={value:?} is not a whole number: {hint}")]
-    NotANumber {
-        var: &'static str,
-        value: String,
-        hint: &'static str,
-    },
-    #[error("{rank_var}={rank} but {size_var}={size}: a rank must be below the world size")]
-    RankOutOfRange {
-        rank_var: &'static str,
-        rank: u32,
-        size_var: &'static str,
-        size: u32,
-    },
-    #[error("{var}=0: the world size must be at least 1")]
-    ZeroWorldSize { var: &'static str },
-    #[error("{set} is set but {missing} is not: set both (torchrun and SLURM set them together)")]
-    Incomplete {
-        set: &'static str,
-        missing: &'static str,
-    },
-    #[error("{RANKSCOPE_MODE}={0:?} is not a mode: use full, rank0, steps or off")]
-    Mode(String),
-    #[error(
-        "run id {0:?} is not allowed: use 1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit (set {RANKSCOPE_RUN_ID})"
-    )]
-    RunId(String),
-    #[error(
-        "{RANKSCOPE_SAMPLE_EVERY}=0: sample every 1 or more steps, or set {RANKSCOPE_MODE}=steps"
-    )]
-    SampleEvery,
-    #[error("{RANKSCOPE_MAX_ROWS}=0: the row cap must be at least 1")]
-    MaxRows,
-    #[error("{var}={value:?} is not a boolean: use 1/0, true/false, yes/no")]
-    Bool { var: &'static str, value: String },
-    #[error("{RANKSCOPE_CONV_LAYOUT}={0:?} is not a layout: use channelwise or flatten")]
-    ConvLayout(String),
-    #[error("{RANKSCOPE_SPECTRUM}={0:?} is not a spectrum method: use auto, exact or sketch")]
-    Spectrum(String),
-    #[error("{RANKSCOPE_ON_CONFIG_ERROR}={0:?}: use fail or disable")]
-    OnError(String),
-    #[error(
-        "{RANKSCOPE_OVERHEAD_BUDGET}={0:?} is not a budget: give the agent's share of the process's CPU time as a percentage above 0 and at most 100, with the % sign, e.g. 2% or 0.5% (100% takes every planned sample)"
-    )]
-    OverheadBudget(String),
-    #[error(
-        "{RANKSCOPE_WORKER_PRIORITY}={0:?} is no longer read: the metrics thread now runs within {RANKSCOPE_OVERHEAD_BUDGET} (default 2%); unset {RANKSCOPE_WORKER_PRIORITY}, and set {RANKSCOPE_OVERHEAD_BUDGET}=100% to measure every planned sample as `normal` did"
-    )]
-    WorkerPriority(String),
-    #[error(
-        "{RANKSCOPE_SPILL_MAX_BYTES}={0:?} is not a size: use bytes with an optional K, M or G suffix, e.g. 512M"
-    )]
-    SpillMaxBytes(String),
-    #[error("cannot read {var}={path:?}: {error}")]
-    TlsFile {
-        var: &'static str,
-        path: String,
-        error: String,
-    },
-    #[error("{set} is set but {missing} is not: set both (a client certificate and its key)")]
-    TlsPair {
-        set: &'static str,
-        missing: &'static str,
-    },
-    #[error(
-        "{RANKSCOPE_TLS_CERT} and {RANKSCOPE_TLS_KEY} are set but {RANKSCOPE_TLS_CA} is not: set the CA that signed the collector's certificate"
-    )]
-    TlsCa,
-    #[error(
-        "collector address {0:?} asks for TLS: set {RANKSCOPE_TLS_CA} to the CA that signed its certificate"
-    )]
-    TlsNeeded(String),
-    #[error(
-        "{var}={list:?}: entry {entry} is empty: list collector addresses separated by commas, e.g. 10.0.0.1:50051,10.0.0.2:50051"
-    )]
-    CollectorEmpty {
-        var: &'static str,
-        list: String,
-        entry: usize,
-    },
-    #[error(
-        "{var}={list:?}: {address:?} is not a collector address ({why}): use HOST:PORT, http://HOST:PORT or https://HOST:PORT"
-    )]
-    CollectorAddress {
-        var: &'static str,
-        list: String,
-        address: String,
-        why: &'static str,
-    },
-    #[error(
-        "{var}={list:?} mixes TLS ({tls:?}) and plaintext ({plain:?}) collectors: write https:// on every address or on none"
-    )]
-    CollectorMixed {
-        var: &'static str,
-        list: String,
-        tls: String,
-        plain: String,
-    },
-}
+pub use variables::*;
 
 /// The agent's whole configuration, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -378,94 +236,27 @@ impl AgentConfigBuilder {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<AgentConfig, ConfigError> {
         let env = |var: &str| env(var).filter(|v| !v.trim().is_empty());
-        let num = |var: &'static str, hint: &'static str| -> Result<Option<u32>, ConfigError> {
-            env(var)
-                .map(|v| {
-                    v.trim()
-                        .parse::<u32>()
-                        .map_err(|_| ConfigError::NotANumber {
-                            var,
-                            value: v,
-                            hint,
-                        })
-                })
-                .transpose()
-        };
-        let rank_hint = "it is the process's rank (0, 1, ...), set by the launcher";
-        let size_hint = "it is the number of processes, set by the launcher";
-
-        // Rank identity: torchrun's variables, else SLURM's, else a single process.
-        let (rank_var, size_var) = if env(RANK).is_some() || env(WORLD_SIZE).is_some() {
-            (RANK, WORLD_SIZE)
-        } else {
-            (SLURM_PROCID, SLURM_NTASKS)
-        };
-        let torchrun = rank_var == RANK;
-        let env_rank = num(rank_var, rank_hint)?;
-        let env_size = num(size_var, size_hint)?;
-        match (env_rank, env_size) {
-            (Some(_), None) => {
-                return Err(ConfigError::Incomplete {
-                    set: rank_var,
-                    missing: size_var,
-                });
-            }
-            (None, Some(_)) => {
-                return Err(ConfigError::Incomplete {
-                    set: size_var,
-                    missing: rank_var,
-                });
-            }
-            _ => {}
-        }
-        let (local_rank_var, local_size_var, node_var) = if torchrun {
-            (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK)
-        } else {
-            (SLURM_LOCALID, "SLURM_NTASKS_PER_NODE", SLURM_NODEID)
-        };
-        let rank = self.rank.or(env_rank).unwrap_or(0);
-        let world_size = self.world_size.or(env_size).unwrap_or(1);
-        if world_size == 0 {
-            return Err(ConfigError::ZeroWorldSize { var: size_var });
-        }
-        if rank >= world_size {
-            return Err(ConfigError::RankOutOfRange {
-                rank_var,
-                rank,
-                size_var,
-                size: world_size,
-            });
-        }
-        let local_rank = self
-            .local_rank
-            .or(num(local_rank_var, rank_hint)?)
-            .unwrap_or(rank);
-        let local_world_size = if torchrun {
-            num(local_size_var, size_hint)?
-        } else {
-            None
-        }
-        .unwrap_or(world_size);
-        if local_rank >= local_world_size {
-            return Err(ConfigError::RankOutOfRange {
-                rank_var: local_rank_var,
-                rank: local_rank,
-                size_var: if torchrun { local_size_var } else { size_var },
-                size: local_world_size,
-            });
-        }
-        let node_rank = self
-            .node_rank
-            .or(num(node_var, rank_hint)?)
-            .unwrap_or(rank / local_world_size.max(1));
-
-        let run_id = match self.run_id.clone().or_else(|| env(RANKSCOPE_RUN_ID)) {
-            Some(id) => id,
-            None => default_run_id(&env, world_size),
-        };
-        if !rankscope_proto::is_valid_run_id(&run_id) {
-            return Err(ConfigError::RunId(run_id));
-        }
+        let identity = rank_identity(
+            &env,
+            RankOverrides {
+                rank: self.rank,
+                local_rank: self.local_rank,
+                world_size: self.world_size,
+                node_rank: self.node_rank,
+            },
+        )?;
+        let RankIdentity {
+            rank,
+            local_rank,
+            world_size,
+            local_world_size,
+            node_rank,
+        } = identity;
+        let run_id = run_id(
+            self.run_id.clone().or_else(|| env(RANKSCOPE_RUN_ID)),
+            &env,
+            world_size,
+        )?;
         let mode = match self.mode {
             Some(m) => m,
             None => match env(RANKSCOPE_MODE) {
@@ -493,8 +284,12 @@ impl AgentConfigBuilder {
         }
         let max_rows = match self.max_rows {
             Some(n) => n,
-            None => num(RANKSCOPE_MAX_ROWS, "the row cap of the activation matrix")?
-                .map_or(DEFAULT_MAX_ROWS, |n| n as usize),
+            None => number(
+                &env,
+                RANKSCOPE_MAX_ROWS,
+                "the row cap of the activation matrix",
+            )?
+            .map_or(DEFAULT_MAX_ROWS, |n| n as usize),
         };
         if max_rows == 0 {
             return Err(ConfigError::MaxRows);
@@ -526,7 +321,8 @@ impl AgentConfigBuilder {
         };
         let sketch_threshold = match self.sketch_threshold {
             Some(n) => n,
-            None => num(
+            None => number(
+                &env,
                 RANKSCOPE_SKETCH_THRESHOLD,
                 "the smaller side (rows or columns) from which auto sketches the spectrum, e.g. 1536",
             )?
@@ -603,68 +399,6 @@ impl AgentConfigBuilder {
             overhead_budget,
         })
     }
-}
-
-/// Bytes, with an optional binary `K`, `M` or `G` suffix.
-fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let (digits, shift) = match text.char_indices().last()? {
-        (i, 'k' | 'K') => (&text[..i], 10),
-        (i, 'm' | 'M') => (&text[..i], 20),
-        (i, 'g' | 'G') => (&text[..i], 30),
-        _ => (text, 0),
-    };
-    digits.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
-}
-
-fn parse_bool(text: &str) -> Option<bool> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Some(true),
-        "0" | "false" | "no" | "off" => Some(false),
-        _ => None,
-    }
-}
-
-fn default_run_id(env: &impl Fn(&str) -> Option<String>, world_size: u32) -> String {
-    if let Some(id) = env(TORCHELASTIC_RUN_ID).filter(|id| id != "none") {
-        return sanitize(&id);
-    }
-    if let Some(job) = env(SLURM_JOB_ID) {
-        return sanitize(&format!("slurm-{job}"));
-    }
-    if world_size > 1
-        && let (Some(addr), Some(port)) = (env(MASTER_ADDR), env(MASTER_PORT))
-    {
-        tracing::warn!(
-            "no run id given: using job-{addr}-{port}; set {RANKSCOPE_RUN_ID} to tell runs apart"
-        );
-        return sanitize(&format!("job-{addr}-{port}"));
-    }
-    format!("local-{}", std::process::id())
-}
-
-/// Replaces what a run id may not contain, so launcher-made ids always work.
-fn sanitize(id: &str) -> String {
-    let mut s: String = id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(124)
-        .collect();
-    // Not a leading separator, no `..`, and not all digits (DuckDB would read an
-    // all-digit `run_id=` partition as a number).
-    s = s.replace("..", "-");
-    if !s.starts_with(|c: char| c.is_ascii_alphanumeric()) || s.bytes().all(|b| b.is_ascii_digit())
-    {
-        s.insert_str(0, "run-");
-        s.truncate(128);
-    }
-    s
 }
 
 #[cfg(test)]
