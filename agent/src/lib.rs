@@ -2,27 +2,18 @@
 //! activations, computes their dimensionality off the training thread, times every
 //! step, and streams all of it to the collector without ever blocking training.
 //!
-//! Layout:
-//! - [`budget`]: the overhead budget and the controller that holds it;
-//!   [`cpu_clock`]: the CPU clocks it reads;
-//! - [`collector_list`]: which collector each rank sends to;
+//! Layout, by job, from the floor up (each part imports only the parts above it in
+//! this list, and the crate root's [`Row`], [`now_us`] and [`event_kind`]):
+//! - [`budget`]: the agent's CPU time, measured, and the overhead budget that bounds it;
+//! - [`transport`]: the row queue, the transport thread, the outbox and the spill:
+//!   everything between the training side and the collector;
 //! - [`config`]: `RANKSCOPE_*`, torchrun and SLURM variables, and the builder;
-//! - [`layer_filter`]: which layers are sampled (`RANKSCOPE_LAYERS`);
-//! - [`Row`]: a row of any table (from `rankscope-proto`);
-//! - [`outbox`]: unacknowledged batches, numbered, bounded, resent after reconnects;
-//! - [`spill`]: the on-disk log that keeps them across outages and crashes;
-//! - [`transport`]: the handle that queues rows for the transport thread, through
-//!   the bounded `queue`; `connection`: that thread's loop, which batches,
-//!   streams and resends; [`client_tls`]: TLS to the collector; [`report`]: what
-//!   was delivered, at finish;
-//! - with the `torch` feature: [`metrics`] (the spectral and health metrics),
-//!   [`sketch`] (the randomized spectrum of large matrices), [`spectra`] (seeded
-//!   test spectra and the exact-against-sketch comparison),
-//!   [`worker`] (metrics off the training thread), [`sampler`] (which
-//!   planned samples are taken, within the budget), [`tap`] (capturing
-//!   activations), [`step`] (step and phase timing), [`memory`] (RSS and
-//!   allocator bytes), [`threads`] (intra-op threads per thread), [`profile`]
-//!   (the static model profile), and [`agent`] (the handle training code holds).
+//! - with the `torch` feature, [`sampling`]: an activation sample → its metrics, on
+//!   the metrics thread;
+//! - with the `torch` feature, [`training`]: what training code calls: the
+//!   [`Agent`] handle, step timing, taps, the model profile, memory.
+//!
+//! `ARCHITECTURE.md` draws the same parts.
 
 pub mod budget;
 pub mod config;
@@ -36,7 +27,11 @@ pub mod training;
 pub use config::{AgentConfig, ConfigError, Mode};
 pub use rankscope_proto::Row;
 #[cfg(feature = "torch")]
-pub use training::{Agent, agent, memory, profile, step, tap};
+pub use training::Agent;
+#[cfg(feature = "torch")]
+pub use training::profile::Optimizer;
+#[cfg(feature = "torch")]
+pub use training::step::{Phase, StepGuard};
 pub use transport::ClientTls;
 pub use transport::FinishReport;
 pub use transport::{Transport, TransportConfig};

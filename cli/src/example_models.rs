@@ -8,7 +8,7 @@
 //!   predicting the next token of noisy periodic sequences.
 
 use rankscope_agent::Agent;
-use rankscope_agent::step::{Phase, StepGuard};
+use rankscope_agent::{Phase, StepGuard};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 

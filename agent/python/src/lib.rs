@@ -22,8 +22,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyList};
 use pyo3_tch::PyTensor;
 use rankscope_agent::config::{AgentConfigBuilder, OnConfigError, OverheadBudget};
-use rankscope_agent::profile::Optimizer;
-use rankscope_agent::step::{Phase, StepGuard};
+use rankscope_agent::Optimizer;
+use rankscope_agent::{Phase, StepGuard};
 use rankscope_agent::{Agent, FinishReport, Mode};
 
 pyo3::create_exception!(

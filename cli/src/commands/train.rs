@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use rankscope_agent::Optimizer;
 use rankscope_agent::config::{AgentConfig, OnConfigError};
-use rankscope_agent::profile::Optimizer;
 use rankscope_agent::{Agent, Mode};
 use tch::Device;
 use tch::nn::{self, Module, OptimizerConfig};

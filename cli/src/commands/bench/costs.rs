@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use rankscope_agent::Agent;
-use rankscope_agent::step::Phase;
+use rankscope_agent::Phase;
 use rankscope_agent::config::{AgentConfig, OverheadBudget};
 use rankscope_agent::sampling::{self, MatrixOptions};
 use tch::nn;
