@@ -13,11 +13,11 @@ NUMPY_VERSION := 2.3.5
 PYTHON ?= python3
 STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)-$(NUMPY_VERSION)
 # The wheel's `rankscope` command (a native binary, no libtorch) goes here before
-# maturin packs it (agent/python/pyproject.toml: tool.maturin.data).
-WHEEL_DATA := agent/python/wheel-data
+# maturin packs it (python/pyproject.toml: tool.maturin.data).
+WHEEL_DATA := python/wheel-data
 # maturin builds into the main target directory: the extension and the binaries
 # share their compiled dependencies (tokio, tonic, prost) and one profile.
-MATURIN := cd agent/python && CARGO_TARGET_DIR=$(CURDIR)/target maturin
+MATURIN := cd python && CARGO_TARGET_DIR=$(CURDIR)/target maturin
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup python python-dev wheel browser demo test lint bench bench-sharding fmt collector clean
@@ -69,7 +69,7 @@ wheel: $(STAMP) ## build the user's wheel into target/wheels/release
 	$(call command-binary,--release,release)
 	$(call package-wheel,--release,release)
 
-# The `rankscope` Python package (agent/python) and its `rankscope` command,
+# The `rankscope` Python package (python/) and its `rankscope` command,
 # built against the venv's torch and installed into the venv.
 python: wheel ## build and install the rankscope package (and command) into .venv
 	$(VENV)/bin/pip install --quiet --no-deps --force-reinstall target/wheels/release/rankscope-*.whl
@@ -94,12 +94,12 @@ browser:
 test: $(STAMP) python-dev browser ## build everything and run every test (installs the package's dev build)
 	cargo build --workspace --bins
 	cargo test --workspace --no-fail-fast
-	RANKSCOPE_WHEEL="$$(ls target/wheels/dev/rankscope-*.whl)" $(VENV)/bin/python -m pytest -q agent/python/tests
+	RANKSCOPE_WHEEL="$$(ls target/wheels/dev/rankscope-*.whl)" $(VENV)/bin/python -m pytest -q python/tests
 
 lint: setup ## rustfmt and clippy, as CI wants them
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	cd agent/python && cargo fmt -- --check && CARGO_TARGET_DIR=$(CURDIR)/target cargo clippy --all-targets -- -D warnings
+	cd python && cargo fmt -- --check && CARGO_TARGET_DIR=$(CURDIR)/target cargo clippy --all-targets -- -D warnings
 
 fmt:
 	cargo fmt --all
@@ -109,7 +109,7 @@ bench: setup ## overhead and collector benchmarks, printed and saved to bench-la
 	cargo build --release -p rankscope --no-default-features
 	cp target/release/rankscope target/release/rankscope-collector
 	cargo run --release -p rankscope -- bench collector --collector-bin target/release/rankscope-collector | tee -a bench-latest.md
-	$(VENV)/bin/python agent/python/benches/ddp_ab.py | tee -a bench-latest.md
+	$(VENV)/bin/python python/benches/ddp_ab.py | tee -a bench-latest.md
 
 bench-sharding: ## throughput of 1 vs 2 collectors (see BENCHMARKS.md)
 	cargo build --release -p rankscope --no-default-features

@@ -116,7 +116,7 @@ pub fn one_ddp_job() -> MutexGuard<'static, ()> {
 
 /// The PyTorch DDP example of the Python package.
 pub fn example() -> PathBuf {
-    workspace().join("agent/python/python/rankscope/examples/ddp_train.py")
+    workspace().join("python/rankscope/examples/ddp_train.py")
 }
 
 /// `torchrun ARGS... ddp_train.py SCRIPT_ARGS...` with the agent's variables

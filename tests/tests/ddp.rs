@@ -1,5 +1,5 @@
 //! Real PyTorch DDP ranks: the `rankscope` Python package (the same Rust agent)
-//! inside `rankscope.examples.ddp_train` (agent/python/python/rankscope/examples/ddp_train.py), launched by the real `torchrun`,
+//! inside `rankscope.examples.ddp_train` (python/rankscope/examples/ddp_train.py), launched by the real `torchrun`,
 //! into the real collector binary, checked with the real DuckDB CLI.
 //!
 //! `make test` installs the package into `.venv` before the tests run.

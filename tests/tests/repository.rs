@@ -86,7 +86,7 @@ fn the_python_package_locks_the_workspaces_versions() {
         std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
     };
     let workspace = locked_versions(&read("Cargo.lock"));
-    let python = locked_versions(&read("agent/python/Cargo.lock"));
+    let python = locked_versions(&read("python/Cargo.lock"));
     assert!(
         python.contains_key("tokio") && python.contains_key("pyo3"),
         "{python:?}"
@@ -100,8 +100,8 @@ fn the_python_package_locks_the_workspaces_versions() {
         .collect();
     assert!(
         differ.is_empty(),
-        "agent/python/Cargo.lock resolves other versions than Cargo.lock, so `make python` \
-         compiles them again; run `cargo update -p NAME --precise VERSION` in agent/python: {differ:?}"
+        "python/Cargo.lock resolves other versions than Cargo.lock, so `make python` \
+         compiles them again; run `cargo update -p NAME --precise VERSION` in python: {differ:?}"
     );
 }
 
@@ -181,15 +181,15 @@ fn feature_differences(
 /// `make test` both and then the workspace, all into one `target/`: a shared
 /// dependency resolved with other features in one of them is compiled twice
 /// (with everything above it). The feature-unification lines in cli/Cargo.toml
-/// and agent/python/Cargo.toml keep them equal.
+/// and python/Cargo.toml keep them equal.
 #[test]
 fn the_command_the_extension_and_the_workspace_share_their_dependencies_features() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let command = resolved_features(&root, &["-p", "rankscope", "--no-default-features"], false);
-    let extension = resolved_features(&root.join("agent/python"), &[], false);
+    let extension = resolved_features(&root.join("python"), &[], false);
     let workspace = resolved_features(&root, &["--workspace"], true);
     let fix = "add the features to the feature-unification lines of cli/Cargo.toml (what \
-               libtorch's crates turn on) or agent/python/Cargo.toml (what the command's crates turn on)";
+               libtorch's crates turn on) or python/Cargo.toml (what the command's crates turn on)";
     let differ = feature_differences(&command, &extension);
     assert!(
         differ.is_empty(),

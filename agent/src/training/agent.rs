@@ -1,7 +1,7 @@
 //! The handle training code holds: [`Agent`].
 //!
 //! ```no_run
-//! use rankscope_agent::{Agent, step::Phase};
+//! use rankscope_agent::{Agent, Phase};
 //! use tch::nn::{self, Module};
 //!
 //! let agent = Agent::from_env().expect("rankscope configuration");

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-EXAMPLE = HERE.parent / "python" / "rankscope" / "examples" / "ddp_train.py"
+EXAMPLE = HERE.parent / "rankscope" / "examples" / "ddp_train.py"
 
 RETRIES: list[int] = []
 
