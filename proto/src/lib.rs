@@ -13,11 +13,8 @@ pub mod tables;
 
 pub use tables::{Row, Table};
 
-/// Generated code for `rankscope.v1`.
 #[allow(clippy::all, missing_docs)]
-pub mod v1 {
-    tonic::include_proto!("rankscope.v1");
-}
+pub mod v1;
 
 /// The schema major version this build speaks; a different major is refused.
 pub const SCHEMA_MAJOR: u32 = 1;

@@ -22,8 +22,9 @@ use super::options::SpectrumOptions;
 use super::prepare::Sample;
 use crate::budget::cpu_clock;
 use crate::budget::sampler::WorkerCounters;
+use crate::rows::now_us;
 use crate::transport::Transport;
-use crate::{Row, now_us};
+use rankscope_proto::Row;
 
 /// One sampled activation, prepared on the training thread.
 #[derive(Debug)]
@@ -93,7 +94,7 @@ impl Worker {
                     if m.nonfinite > 0 {
                         transport.send(Row::Event(EventRow {
                             time: job.time,
-                            kind: crate::event_kind::NONFINITE_ACTIVATION.into(),
+                            kind: crate::rows::event_kind::NONFINITE_ACTIVATION.into(),
                             message: format!("layer {} has NaN or Inf values", job.layer),
                             value: Some(m.nonfinite as i64),
                             step: Some(job.step),

@@ -53,7 +53,7 @@ mod tests {
                 "docs/columns.md does not say {quoted:?}"
             );
         }
-        for kind in crate::event_kind::ALL {
+        for kind in crate::rows::event_kind::ALL {
             assert!(
                 COLUMNS_MD.contains(&format!("| `{kind}` |")),
                 "docs/columns.md lists no event kind {kind}"

@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use rankscope_proto::v1::ModelRow;
 
 use super::recorder::{ObservedShape, Recorder};
-use crate::Row;
+use rankscope_proto::Row;
 
 /// The optimizer, for its state bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,11 +17,12 @@ use tch::Tensor;
 use super::memory::{self, RssReader};
 use crate::budget::sampler::Sampler;
 use crate::config::AgentConfig;
+use crate::rows::now_us;
 use crate::sampling::worker::{self, Worker};
 use crate::sampling::{self, ConvLayout, MatrixOptions, SpectrumOptions};
 use crate::transport::report::FinishReport;
 use crate::transport::{Transport, TransportConfig};
-use crate::{Row, now_us};
+use rankscope_proto::Row;
 
 /// A tapped layer's output shape, seen during profiling.
 #[derive(Debug, Clone)]
@@ -232,7 +233,7 @@ impl Recorder {
         let mut rows = Vec::new();
         if samples.dropped > 0 {
             rows.push(event(
-                crate::event_kind::SAMPLES_DROPPED,
+                crate::rows::event_kind::SAMPLES_DROPPED,
                 "activation samples taken but not measured: libtorch could not prepare them, or the metrics thread had not measured them when finish stopped waiting".into(),
                 samples.dropped,
             ));
@@ -240,7 +241,7 @@ impl Recorder {
         if samples.skipped > 0 {
             let by_budget = samples.skipped - samples.skipped_queue_full;
             rows.push(event(
-                crate::event_kind::SAMPLES_SKIPPED,
+                crate::rows::event_kind::SAMPLES_SKIPPED,
                 format!(
                     "planned activation samples not taken: {by_budget} to stay within RANKSCOPE_OVERHEAD_BUDGET={budget}, {} because the metrics queue was full",
                     samples.skipped_queue_full
@@ -250,7 +251,7 @@ impl Recorder {
         }
         if let Some(share) = overhead.share() {
             rows.push(event(
-                crate::event_kind::OVERHEAD_SHARE,
+                crate::rows::event_kind::OVERHEAD_SHARE,
                 format!(
                     "the agent used {:.1} ms (training thread {:.1}, metrics thread {:.1}, transport thread {:.1}) of the process's {:.1} ms of CPU time ({:.2} %; budget {budget}); value in millionths",
                     overhead.agent_ns as f64 / 1e6,

@@ -19,7 +19,8 @@ use std::time::Instant;
 use rankscope_proto::v1::StepRow;
 
 use super::recorder::Recorder;
-use crate::{Row, now_us};
+use crate::rows::now_us;
+use rankscope_proto::Row;
 
 /// A part of a training step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,7 +30,8 @@ use super::outbox::{Outbox, OutboxConfig};
 use super::queue::RowQueue;
 use super::report::FinishReport;
 use super::spill::SpillLog;
-use crate::{Row, now_us};
+use crate::rows::now_us;
+use rankscope_proto::Row;
 
 /// How often the transport thread takes the rows queued by the training side.
 ///
@@ -221,7 +222,7 @@ impl Streamer {
         if outbox.damaged_bytes() > 0 {
             current.events.push(EventRow {
                 time: now_us(),
-                kind: crate::event_kind::SPILL_DAMAGED.into(),
+                kind: crate::rows::event_kind::SPILL_DAMAGED.into(),
                 message: "damaged spill records skipped (bytes): the machine crashed while they were written".into(),
                 value: Some(outbox.damaged_bytes() as i64),
                 step: None,
@@ -314,7 +315,7 @@ impl Streamer {
         if dropped > self.dropped_reported {
             self.current.events.push(EventRow {
                 time: now_us(),
-                kind: crate::event_kind::ROWS_DROPPED.into(),
+                kind: crate::rows::event_kind::ROWS_DROPPED.into(),
                 message: "telemetry rows dropped: the agent's queue or outbox was full".into(),
                 value: Some((dropped - self.dropped_reported) as i64),
                 step: None,

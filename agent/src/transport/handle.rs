@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use super::connection::{Control, Counters, Streamer, TransportConfig};
 use super::queue::RowQueue;
 use super::report::FinishReport;
-use crate::Row;
+use rankscope_proto::Row;
 
 /// The handle the training side holds. Cheap to call from the hot path.
 #[derive(Debug)]

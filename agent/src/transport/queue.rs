@@ -7,7 +7,7 @@
 
 use std::sync::Mutex;
 
-use crate::Row;
+use rankscope_proto::Row;
 
 /// Rows queued for the transport thread, at most `capacity` at once.
 #[derive(Debug)]

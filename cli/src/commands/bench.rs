@@ -38,7 +38,7 @@ use crate::example_models::{self, Workload};
 
 mod collector;
 mod costs;
-use costs::{init_cost, non_sampled_observe, non_sampled_step, sampled_cost};
+use costs::{init_cost, median, non_sampled_observe, non_sampled_step, sampled_cost};
 
 /// Measure the agent's overhead (results for BENCHMARKS.md).
 #[derive(clap::Args, Clone, Debug)]
@@ -504,12 +504,6 @@ fn print_overhead(threads: usize, cores: usize, rounds: &Rounds, args: &Args) {
         );
     }
     println!();
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// `rankscope collector` in a child process, on a free loopback port.

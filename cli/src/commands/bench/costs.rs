@@ -12,8 +12,6 @@ use rankscope_agent::sampling::{self, MatrixOptions};
 use tch::nn;
 use tch::{Device, Tensor};
 
-use super::median;
-
 fn agent_for(addr: &str, sample_every: u64) -> anyhow::Result<Agent> {
     let config = AgentConfig::builder()
         .collector(addr.to_string())
@@ -122,4 +120,11 @@ pub(super) fn init_cost(addr: &str) -> anyhow::Result<f64> {
     drop(taps);
     agent.finish();
     Ok(ms)
+}
+
+/// The upper median of `v` (NaN when empty): the figure every table of `bench` reports.
+pub(super) fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

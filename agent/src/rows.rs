@@ -1,0 +1,34 @@
+//! What every part that writes rows shares: [`now_us`], the unit of every time
+//! column, and the `events.kind` values the agent writes itself ([`event_kind`]).
+//! It imports nothing of the agent, so every part can import it.
+
+/// The `events.kind` values the agent writes itself (docs/columns.md explains each).
+pub mod event_kind {
+    /// Rows dropped because the row queue or the outbox was full.
+    pub const ROWS_DROPPED: &str = "rows_dropped";
+    /// Activation samples taken but not measured.
+    pub const SAMPLES_DROPPED: &str = "samples_dropped";
+    /// Planned activation samples not taken (overhead budget, full metrics queue).
+    pub const SAMPLES_SKIPPED: &str = "samples_skipped";
+    /// The agent's share of the process's CPU time, at finish.
+    pub const OVERHEAD_SHARE: &str = "overhead_share";
+    /// Damaged records skipped in a rank's spill directory.
+    pub const SPILL_DAMAGED: &str = "spill_damaged";
+    /// NaN or ±Inf in a sampled activation.
+    pub const NONFINITE_ACTIVATION: &str = "nonfinite_activation";
+    pub const ALL: [&str; 6] = [
+        ROWS_DROPPED,
+        SAMPLES_DROPPED,
+        SAMPLES_SKIPPED,
+        OVERHEAD_SHARE,
+        SPILL_DAMAGED,
+        NONFINITE_ACTIVATION,
+    ];
+}
+
+/// Microseconds since the Unix epoch: the unit of every time column.
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
