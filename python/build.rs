@@ -30,11 +30,11 @@ fn main() {
     // The package reads this before it loads the extension: a libtorch other than
     // the one linked would fail or crash inside the loader.
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
-    let file = manifest.join("python/rankscope/_built_with.py");
+    let file = manifest.join("rankscope/_built_with.py");
     let text = format!(
         "# Written by build.rs: the torch whose libtorch the extension links.\nTORCH_VERSION = {version:?}\n"
     );
     if std::fs::read_to_string(&file).ok().as_deref() != Some(text.as_str()) {
-        std::fs::write(&file, text).expect("write python/rankscope/_built_with.py");
+        std::fs::write(&file, text).expect("write rankscope/_built_with.py");
     }
 }

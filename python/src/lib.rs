@@ -21,10 +21,10 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyList};
 use pyo3_tch::PyTensor;
-use rankscope_agent::config::{AgentConfigBuilder, OnConfigError, OverheadBudget};
 use rankscope_agent::Optimizer;
-use rankscope_agent::{Phase, StepGuard};
+use rankscope_agent::config::{AgentConfigBuilder, OnConfigError, OverheadBudget};
 use rankscope_agent::{Agent, FinishReport, Mode};
+use rankscope_agent::{Phase, StepGuard};
 
 pyo3::create_exception!(
     rankscope,
