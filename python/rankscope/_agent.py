@@ -31,7 +31,7 @@ def init(
     layers: Optional[Union[str, Iterable[str]]] = None,
     max_rows: Optional[int] = None,
     workload: Optional[str] = None,
-    overhead_budget: Optional[str] = None,
+    overhead_budget: Optional[Union[str, float]] = None,
 ) -> Union["Agent", "InertAgent"]:
     """Starts the agent of this rank and returns its handle.
 
@@ -48,16 +48,20 @@ def init(
     - ``layers``: layer name patterns with ``*`` wildcards, as a comma-separated
       string or a list (default: all watched layers);
     - ``max_rows``: row cap of each activation matrix (default 4096);
-    - ``overhead_budget``: the agent's share of the process's CPU time, e.g.
-      ``"2%"``; planned samples it has no room for are skipped and counted
-      (``RANKSCOPE_OVERHEAD_BUDGET``, default ``2%``; ``100%`` takes them all);
+    - ``overhead_budget``: the agent's share of the process's CPU time, as a
+      fraction (``0.02``) or a percentage string (``"2%"``); planned samples it
+      has no room for are skipped and counted (``RANKSCOPE_OVERHEAD_BUDGET``,
+      default ``2%``; ``1.0`` or ``"100%"`` takes them all);
     - ``workload``: a label for the ``runs`` table.
 
     Where this rank records nothing (``mode="off"``, or ``rank0`` on another rank)
     the result is an :class:`InertAgent` whose calls cost nothing.
 
-    A wrong setting raises :class:`rankscope.ConfigError` naming the variable and
-    the fix; with ``RANKSCOPE_ON_CONFIG_ERROR=disable`` it warns once and returns an
+    Strings, whole numbers (``sample_every``, ``max_rows``, at least 1) and the
+    budget are checked as given: a wrong type raises ``TypeError`` and a value out
+    of range :class:`rankscope.ConfigError`, each naming the keyword, the value and
+    the fix. A wrong setting raises :class:`rankscope.ConfigError` naming the
+    variable and the fix; with ``RANKSCOPE_ON_CONFIG_ERROR=disable`` it warns once and returns an
     inert agent instead. A missing or dead collector never raises: rows wait in the
     agent's spill and are sent when it is back.
 
@@ -65,7 +69,16 @@ def init(
     called. ``with rankscope.init() as agent:`` finishes it on leaving the block.
     """
     if layers is not None and not isinstance(layers, str):
-        layers = ",".join(layers)
+        try:
+            patterns = list(layers)
+        except TypeError:
+            patterns = None
+        if patterns is None or not all(isinstance(p, str) for p in patterns):
+            raise TypeError(
+                f"layers={layers!r} is not a pattern string or a list of them: "
+                'e.g. layers="blocks.*" or layers=["fc1", "blocks.*.mlp"]'
+            )
+        layers = ",".join(patterns)
     native = _native.init(
         collector=collector,
         run_id=run_id,

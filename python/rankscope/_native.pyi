@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``rankscope._native`` (pyo3)."""
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
 
@@ -83,6 +83,6 @@ def init(
     layers: Optional[str] = None,
     max_rows: Optional[int] = None,
     workload: Optional[str] = None,
-    overhead_budget: Optional[str] = None,
+    overhead_budget: Optional[Union[str, float]] = None,
 ) -> NativeAgent: ...
 def empty_report() -> Report: ...

@@ -22,9 +22,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyList};
 use pyo3_tch::PyTensor;
 use rankscope_agent::Optimizer;
-use rankscope_agent::config::{AgentConfigBuilder, OnConfigError, OverheadBudget};
+use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
 use rankscope_agent::{Agent, FinishReport, Mode};
 use rankscope_agent::{Phase, StepGuard};
+
+mod keywords;
 
 pyo3::create_exception!(
     rankscope,
@@ -447,24 +449,37 @@ impl From<FinishReport> for Report {
 #[allow(clippy::too_many_arguments)]
 fn init(
     py: Python<'_>,
-    collector: Option<String>,
-    run_id: Option<String>,
-    mode: Option<String>,
-    sample_every: Option<u64>,
-    layers: Option<String>,
-    max_rows: Option<usize>,
-    workload: Option<String>,
-    overhead_budget: Option<String>,
+    collector: Option<Bound<'_, PyAny>>,
+    run_id: Option<Bound<'_, PyAny>>,
+    mode: Option<Bound<'_, PyAny>>,
+    sample_every: Option<Bound<'_, PyAny>>,
+    layers: Option<Bound<'_, PyAny>>,
+    max_rows: Option<Bound<'_, PyAny>>,
+    workload: Option<Bound<'_, PyAny>>,
+    overhead_budget: Option<Bound<'_, PyAny>>,
 ) -> PyResult<NativeAgent> {
     init_logging();
-    let overhead_budget = match overhead_budget {
-        Some(text) => Some(OverheadBudget::parse(&text).ok_or_else(|| {
-            ConfigError::new_err(format!(
-                "overhead_budget={text:?} is not a budget: give the agent's share of the process's CPU time as a percentage above 0 and at most 100, with the % sign, e.g. \"2%\" or \"0.5%\""
-            ))
-        })?),
-        None => None,
-    };
+    let collector = keywords::text("collector", collector.as_ref(), "\"10.0.0.1:50051\"")?;
+    let run_id = keywords::text("run_id", run_id.as_ref(), "\"exp-42\"")?;
+    let mode = keywords::text("mode", mode.as_ref(), "\"rank0\"")?;
+    let sample_every = keywords::whole(
+        "sample_every",
+        sample_every.as_ref(),
+        1,
+        "the sampling interval in steps (RANKSCOPE_SAMPLE_EVERY)",
+        "10",
+    )?;
+    let layers = keywords::text("layers", layers.as_ref(), "\"blocks.*.mlp\"")?;
+    let max_rows = keywords::whole(
+        "max_rows",
+        max_rows.as_ref(),
+        1,
+        "the row cap of an activation matrix (RANKSCOPE_MAX_ROWS)",
+        "4096",
+    )?
+    .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    let workload = keywords::text("workload", workload.as_ref(), "\"gpt-small\"")?;
+    let overhead_budget = keywords::overhead_budget(overhead_budget.as_ref())?;
     let mut builder = AgentConfigBuilder {
         collector,
         run_id,

@@ -231,3 +231,93 @@ def test_python_m_rankscope_runs_the_summary(collector):
 def test_help_is_useful():
     assert "RANKSCOPE_ON_CONFIG_ERROR" in rankscope.init.__doc__
     assert "comm_ms" in rankscope.Agent.watch.__doc__
+
+
+# Every keyword of init, with a good value and with wrong ones. mode="off" checks
+# the settings without starting the agent's threads.
+GOOD = {
+    "mode": "off",
+    "collector": "127.0.0.1:50051",
+    "run_id": "exp-42",
+    "sample_every": 10,
+    "layers": ["fc1", "blocks.*"],
+    "max_rows": 4096,
+    "workload": "gpt-small",
+    "overhead_budget": 0.05,
+}
+WRONG_TYPE = {
+    "collector": 50051,
+    "run_id": 42,
+    "mode": 1,
+    "sample_every": "10",
+    "layers": [1, 2],
+    "max_rows": 4096.0,
+    "workload": b"gpt",
+    "overhead_budget": [5],
+}
+OUT_OF_RANGE = {
+    "sample_every": 0,
+    "max_rows": -1,
+    "overhead_budget": 1.5,
+}
+
+
+@pytest.mark.parametrize("keyword", sorted(GOOD))
+def test_every_init_keyword_takes_its_type(keyword):
+    agent = rankscope.init(**{"mode": "off", keyword: GOOD[keyword]})
+    assert isinstance(agent, rankscope.InertAgent)
+
+
+def test_overhead_budget_takes_a_fraction_or_a_percentage_and_records_the_fraction(collector):
+    for budget in (0.05, "5%", 1, "100%"):
+        rankscope.init(mode="off", overhead_budget=budget)
+    agent = rankscope.init(collector=collector.addr, run_id="py-budget", overhead_budget=0.05)
+    agent.finish()
+    assert collector.stop() == 0
+    assert duckdb(f"select overhead_budget from {table(collector.out, 'runs')}") == "0.05"
+
+
+@pytest.mark.parametrize("keyword", sorted(WRONG_TYPE))
+def test_a_wrong_type_is_a_type_error_naming_keyword_value_and_fix(keyword):
+    value = WRONG_TYPE[keyword]
+    with pytest.raises(TypeError) as error:
+        rankscope.init(**{"mode": "off", keyword: value})
+    message = str(error.value)
+    assert f"{keyword}={value!r}" in message, message
+    assert "e.g." in message, message
+
+
+@pytest.mark.parametrize("keyword", sorted(OUT_OF_RANGE))
+def test_a_value_out_of_range_is_a_config_error_naming_keyword_value_and_fix(keyword):
+    value = OUT_OF_RANGE[keyword]
+    with pytest.raises(rankscope.ConfigError) as error:
+        rankscope.init(**{"mode": "off", keyword: value})
+    message = str(error.value)
+    assert f"{keyword}={value!r}" in message, message
+    assert "e.g." in message, message
+
+
+def test_a_sampled_step_is_sampled_whole_under_a_saturated_worker(collector):
+    # Three wide layers at every step and no training work: the metrics thread
+    # falls behind at once, so steps must be skipped, and none may be partial.
+    layers = ["a", "b", "c"]
+    steps = 120
+    agent = rankscope.init(collector=collector.addr, run_id="py-whole", sample_every=1)
+    x = torch.randn(1024, 384)
+    for step in range(steps):
+        with agent.step(step):
+            for name in layers:
+                agent.observe(name, x)
+    taken, dropped, skipped = agent.samples()
+    agent.finish()
+    assert collector.stop() == 0
+    assert skipped > 0 and dropped == 0, (taken, dropped, skipped)
+    layers_table = table(collector.out, "layers")
+    assert duckdb(f"select count(*) from {layers_table}") == str(taken)
+    assert duckdb(
+        f"select count(*) from (select step from {layers_table} group by step having count(*) <> {len(layers)})"
+    ) == "0"
+    sampled_steps = int(duckdb(f"select count(distinct step) from {layers_table}"))
+    assert 0 < sampled_steps < steps and taken == sampled_steps * len(layers)
+    message = duckdb(f"select message from {table(collector.out, 'events')} where kind = 'samples_skipped'")
+    assert f"{steps - sampled_steps} planned steps skipped" in message, message

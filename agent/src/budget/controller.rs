@@ -59,6 +59,16 @@ impl OverheadBudget {
         (percent > 0.0 && percent <= 100.0).then_some(OverheadBudget { percent })
     }
 
+    /// A budget of `fraction` of the process's CPU time (above 0, at most 1): `0.02`
+    /// is 2 %, the form the `runs` table stores. The percentage is rounded to 10⁻⁹ %,
+    /// so that `0.05` is 5 % exactly, as `"5%"` is, and gives back the fraction 0.05.
+    pub fn from_fraction(fraction: f64) -> Option<OverheadBudget> {
+        let percent = (fraction * 100.0 * 1e9).round() / 1e9;
+        (fraction > 0.0 && percent.is_finite())
+            .then(|| OverheadBudget::from_percent(percent))
+            .flatten()
+    }
+
     /// Parses `2%`, `0.5 %` or `100%`; the `%` sign is required, so `0.02` is not
     /// mistaken for 2 %.
     pub fn parse(text: &str) -> Option<OverheadBudget> {
@@ -275,6 +285,18 @@ mod tests {
             assert_eq!(OverheadBudget::parse(bad), None, "{bad}");
         }
         assert_eq!(OverheadBudget::default().to_string(), "2%");
+    }
+
+    #[test]
+    fn budgets_from_a_fraction_are_the_percentages_they_name() {
+        for (fraction, text) in [(0.05, "5%"), (0.02, "2%"), (0.005, "0.5%"), (1.0, "100%")] {
+            let budget = OverheadBudget::from_fraction(fraction).unwrap();
+            assert_eq!(Some(budget), OverheadBudget::parse(text), "{fraction}");
+            assert_eq!(budget.fraction(), fraction);
+        }
+        for bad in [0.0, -0.05, 1.01, f64::NAN, f64::INFINITY, 5.0] {
+            assert_eq!(OverheadBudget::from_fraction(bad), None, "{bad}");
+        }
     }
 
     #[test]

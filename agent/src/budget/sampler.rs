@@ -4,11 +4,12 @@
 //! the transport thread's CPU clock) and the [`BudgetController`].
 //!
 //! A planned sample (a step where `step % RANKSCOPE_SAMPLE_EVERY == 0`) is decided
-//! when its step begins, before any work: taken, or skipped and counted. A skipped
-//! step counts as many skipped samples as the last sampled step took. A sample is
-//! also skipped, before any work, when the metrics thread's queue is full, so no
-//! sample is taken only to be dropped. Drops are what is left: a sample libtorch
-//! failed to prepare, or one still queued when `finish` stopped waiting.
+//! when its step begins, before any work, for the whole step: every layer of it is
+//! taken, or none. The step is skipped, and counted, when the metrics thread's
+//! queue has no room for a whole step's samples, or to stay within the overhead
+//! budget. A skipped step counts as one skipped step and as many skipped samples as
+//! the last sampled step took. Drops are what is left: a sample libtorch failed to
+//! prepare, or one still queued when `finish` stopped waiting.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -31,6 +32,8 @@ pub struct ActivationSamples {
     pub skipped: u64,
     /// Of the skipped, those skipped because the queue was full.
     pub skipped_queue_full: u64,
+    /// Planned steps not sampled (a step is sampled whole or not at all).
+    pub steps_skipped: u64,
 }
 
 /// The agent's CPU time against the process's, since the agent started.
@@ -76,7 +79,7 @@ struct Gate {
     controller: BudgetController,
     /// Samples one sampled step takes (the last sampled step's count).
     per_step: u64,
-    /// `taken + skipped_queue_full` when the last planned sample was taken.
+    /// `taken` when the last planned sample was taken.
     seen_at_take: u64,
     last_taken: bool,
 }
@@ -98,6 +101,7 @@ pub(crate) struct Sampler {
     dropped: AtomicU64,
     skipped_budget: AtomicU64,
     skipped_queue_full: AtomicU64,
+    steps_skipped: AtomicU64,
     /// The training thread's time preparing samples (the first alone), and all
     /// its time in the agent.
     training_sample_ns: AtomicU64,
@@ -125,19 +129,30 @@ impl Sampler {
             dropped: AtomicU64::new(0),
             skipped_budget: AtomicU64::new(0),
             skipped_queue_full: AtomicU64::new(0),
+            steps_skipped: AtomicU64::new(0),
             training_sample_ns: AtomicU64::new(0),
             first_sample_ns: AtomicU64::new(0),
             training_ns: AtomicU64::new(0),
         }
     }
 
-    /// At the start of a step with a planned sample: whether it is taken.
-    pub fn decide(&self) -> bool {
+    /// At the start of a step with a planned sample: whether it is taken, whole.
+    /// It is when the metrics thread's queue has room for all of the step's samples
+    /// (as many as the last sampled step took; the queue holds `capacity`, or one
+    /// step's samples where a step takes more) and the overhead budget allows them.
+    pub fn decide(&self, capacity: usize) -> bool {
         let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
-        let seen =
-            self.taken.load(Ordering::Relaxed) + self.skipped_queue_full.load(Ordering::Relaxed);
+        let seen = self.taken.load(Ordering::Relaxed);
         if gate.last_taken {
             gate.per_step = seen.saturating_sub(gate.seen_at_take);
+        }
+        let queued = self.queued();
+        if queued + gate.per_step > (capacity as u64).max(gate.per_step) {
+            self.skipped_queue_full
+                .fetch_add(gate.per_step, Ordering::Relaxed);
+            self.steps_skipped.fetch_add(1, Ordering::Relaxed);
+            gate.last_taken = false;
+            return false;
         }
         let cost = SampleCost {
             taken: self.taken.load(Ordering::Relaxed),
@@ -147,7 +162,6 @@ impl Sampler {
             worker_ns: self.worker.cpu_ns.load(Ordering::Relaxed),
             first_worker_ns: self.worker.first_ns.load(Ordering::Relaxed),
         };
-        let queued = self.queued();
         let take = match self.cpu_times() {
             Some(now) => {
                 let expected = cost.expected_ns(queued, gate.per_step);
@@ -162,6 +176,7 @@ impl Sampler {
         } else {
             let skipped = gate.per_step;
             self.skipped_budget.fetch_add(skipped, Ordering::Relaxed);
+            self.steps_skipped.fetch_add(1, Ordering::Relaxed);
         }
         gate.last_taken = take;
         take
@@ -172,16 +187,6 @@ impl Sampler {
         self.handed
             .load(Ordering::Relaxed)
             .saturating_sub(self.worker.done.load(Ordering::Relaxed))
-    }
-
-    /// Whether the metrics thread's queue (of `capacity`) has room for one more
-    /// sample; if not, the sample is counted as skipped.
-    pub fn room_for_one(&self, capacity: usize) -> bool {
-        let room = self.queued() < capacity as u64;
-        if !room {
-            self.skipped_queue_full.fetch_add(1, Ordering::Relaxed);
-        }
-        room
     }
 
     /// A sample is being taken.
@@ -215,6 +220,7 @@ impl Sampler {
                 + self.worker.dropped.load(Ordering::Relaxed),
             skipped: self.skipped_budget.load(Ordering::Relaxed) + skipped_queue_full,
             skipped_queue_full,
+            steps_skipped: self.steps_skipped.load(Ordering::Relaxed),
         }
     }
 
@@ -264,5 +270,56 @@ impl Sampler {
             process_ns,
             agent_ns,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The training side's protocol against a metrics thread that falls behind by
+    /// random amounts: a step is decided once, then takes all its layers or none.
+    /// Whatever the layers per step and the worker's pace, the queue never holds
+    /// more than `max(capacity, layers per step)` samples, and a step is refused
+    /// only when the whole step would not fit.
+    #[test]
+    fn steps_are_admitted_whole_and_the_queue_stays_bounded() {
+        const CAPACITY: usize = 16;
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |bound: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % bound
+        };
+        for _case in 0..200 {
+            let sampler = Sampler::new(OverheadBudget::from_percent(100.0).unwrap(), None);
+            let layers = 1 + next(40);
+            let (mut admitted, mut refused) = (0, 0);
+            for _step in 0..300 {
+                let before = sampler.queued();
+                if sampler.decide(CAPACITY) {
+                    admitted += 1;
+                    for _ in 0..layers {
+                        sampler.taken();
+                        sampler.handed(true);
+                    }
+                } else {
+                    refused += 1;
+                    assert!(
+                        before + layers > CAPACITY.max(layers as usize) as u64,
+                        "a step was refused with room for it ({before} queued, {layers} layers)"
+                    );
+                }
+                assert!(sampler.queued() <= CAPACITY.max(layers as usize) as u64);
+                // The worker finishes a random number of the queued samples.
+                let done = next(sampler.queued() + 1);
+                sampler.worker.done.fetch_add(done, Ordering::Relaxed);
+            }
+            let samples = sampler.samples();
+            assert_eq!(samples.taken, admitted * layers);
+            assert_eq!(samples.steps_skipped, refused);
+            assert!(admitted > 0);
+        }
     }
 }

@@ -1,17 +1,17 @@
 //! The metrics worker: a thread that turns sampled activations into `layers` rows,
 //! so the spectra never run on the training thread.
 //!
-//! The training thread prepares each sample once ([`super::prepare::prepare`]: reshape and
-//! row sample, then a detached copy) and hands the [`Job`] over through a bounded
-//! queue (`try_send`); this thread only measures ([`super::measure::measure`]). The
-//! training thread takes no sample while the queue is full (it counts it as
+//! The training thread prepares each sample once ([`super::prepare::prepare`]: reshape
+//! and row sample, then a detached copy) and hands the [`Job`] over through a queue;
+//! this thread only measures ([`super::measure::measure`]). The training thread
+//! samples no step whose samples the queue has no room for (it counts the step as
 //! skipped, [`crate::budget::sampler`]), and the overhead budget keeps the worker's CPU
 //! time within its share ([`crate::budget`]): the worker runs in the normal
 //! scheduling class and reports its own CPU time after each sample.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::mpsc::{Sender, channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,7 @@ impl Job {
 /// The worker thread and its queue.
 #[derive(Debug)]
 pub struct Worker {
-    queue: Option<SyncSender<Job>>,
+    queue: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     /// Set when [`Worker::finish`] gives up waiting: queued jobs are skipped.
     abandon: Arc<AtomicBool>,
@@ -64,10 +64,11 @@ impl Worker {
         transport: Arc<Transport>,
         centered: bool,
         spectrum: SpectrumOptions,
-        capacity: usize,
         counters: Arc<WorkerCounters>,
     ) -> std::io::Result<Worker> {
-        let (tx, rx) = sync_channel::<Job>(capacity.max(1));
+        // Unbounded as a channel: the training side admits a step only when the
+        // queue has room for all its samples (`Sampler::decide`), which bounds it.
+        let (tx, rx) = channel::<Job>();
         let abandon = Arc::new(AtomicBool::new(false));
         let abandoned = abandon.clone();
         let thread = std::thread::Builder::new()
@@ -118,9 +119,9 @@ impl Worker {
         })
     }
 
-    /// A handle to the queue; the training thread hands jobs over with `try_send`
-    /// and counts what does not fit.
-    pub fn sender(&self) -> Option<SyncSender<Job>> {
+    /// A handle to the queue; the training thread hands jobs over (it has admitted
+    /// their step with room for them).
+    pub fn sender(&self) -> Option<Sender<Job>> {
         self.queue.clone()
     }
 

@@ -32,9 +32,11 @@ pub(crate) struct ObservedShape {
     pub output: Vec<i64>,
 }
 
-/// Sampled activations waiting for the metrics worker, at most. Samples stay on
-/// the activation's device while queued, so this bounds the extra device memory
-/// to `WORKER_QUEUE × max_rows × cols` elements.
+/// Sampled activations waiting for the metrics worker, at most, unless one step
+/// samples more layers: a step is sampled whole, so the queue then holds one step's
+/// samples. Samples stay on the activation's device while queued, so this bounds
+/// the extra device memory to `max(WORKER_QUEUE, layers per step) × max_rows × cols`
+/// elements.
 pub(super) const WORKER_QUEUE: usize = 16;
 
 #[derive(Debug)]
@@ -44,7 +46,7 @@ pub(crate) struct Recorder {
     worker: Mutex<Option<Worker>>,
     /// Sample counters, the agent's CPU time and the overhead budget.
     pub(crate) sampler: Sampler,
-    worker_queue: Mutex<Option<std::sync::mpsc::SyncSender<worker::Job>>>,
+    worker_queue: Mutex<Option<std::sync::mpsc::Sender<worker::Job>>>,
     /// True during a step whose activations are sampled.
     pub(crate) sampling: AtomicBool,
     pub(crate) step: AtomicU64,
@@ -118,7 +120,6 @@ impl Recorder {
                 transport.clone(),
                 config.centered,
                 options.spectrum,
-                WORKER_QUEUE,
                 sampler.worker.clone(),
             )?;
             let queue = w.sender();
@@ -188,9 +189,9 @@ impl Recorder {
         };
         let job = worker::Job::new(step, name, sample);
         let queue = self.worker_queue.lock().unwrap_or_else(|e| e.into_inner());
-        // The queue has room (checked before the sample was taken); only a
-        // finished agent refuses.
-        let sent = queue.as_ref().is_some_and(|q| q.try_send(job).is_ok());
+        // The step was admitted with room for all its samples; only a finished
+        // agent refuses.
+        let sent = queue.as_ref().is_some_and(|q| q.send(job).is_ok());
         self.sampler.handed(sent);
     }
 
@@ -238,13 +239,13 @@ impl Recorder {
                 samples.dropped,
             ));
         }
-        if samples.skipped > 0 {
+        if samples.skipped > 0 || samples.steps_skipped > 0 {
             let by_budget = samples.skipped - samples.skipped_queue_full;
             rows.push(event(
                 crate::rows::event_kind::SAMPLES_SKIPPED,
                 format!(
-                    "planned activation samples not taken: {by_budget} to stay within RANKSCOPE_OVERHEAD_BUDGET={budget}, {} because the metrics queue was full",
-                    samples.skipped_queue_full
+                    "planned activation samples not taken: {by_budget} to stay within RANKSCOPE_OVERHEAD_BUDGET={budget}, {} because the metrics queue was full; {} planned steps skipped, each whole (a step is sampled at every layer or at none)",
+                    samples.skipped_queue_full, samples.steps_skipped
                 ),
                 samples.skipped,
             ));
@@ -293,10 +294,9 @@ impl Recorder {
         if !self.wants_layer(name) {
             return;
         }
+        // The step was admitted whole (`Sampler::decide`): every layer is taken.
         let started = Instant::now();
-        if self.sampler.room_for_one(WORKER_QUEUE) {
-            self.sample(name, activation);
-        }
+        self.sample(name, activation);
         self.add_sampling_overhead(started);
     }
 

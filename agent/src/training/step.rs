@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use rankscope_proto::v1::StepRow;
 
-use super::recorder::Recorder;
+use super::recorder::{Recorder, WORKER_QUEUE};
 use crate::rows::now_us;
 use rankscope_proto::Row;
 
@@ -78,7 +78,7 @@ impl StepGuard {
             // A planned sample is taken only if the overhead budget has room for it.
             let sampled = planned && {
                 let deciding = Instant::now();
-                let take = inner.sampler.decide();
+                let take = inner.sampler.decide(WORKER_QUEUE);
                 inner.add_overhead(deciding);
                 take
             };

@@ -1,0 +1,102 @@
+//! `init`'s keywords, taken as the Python values the user wrote: each is checked and
+//! converted here, so a wrong one raises an error that names the keyword, the value
+//! and the fix (`TypeError` for a wrong type, `ConfigError` for a value out of range)
+//! instead of pyo3's generic wording. The ranges and parsers themselves are the
+//! agent's (`rankscope_agent::config`); this module only converts.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+use rankscope_agent::config::OverheadBudget;
+
+use crate::ConfigError;
+
+/// `value`'s `repr`, cut to a readable length.
+fn shown(value: &Bound<'_, PyAny>) -> String {
+    let text = value
+        .repr()
+        .map_or_else(|_| "<unprintable>".to_string(), |r| r.to_string());
+    if text.chars().count() > 80 {
+        format!("{}…", text.chars().take(80).collect::<String>())
+    } else {
+        text
+    }
+}
+
+fn wrong_type(name: &str, value: &Bound<'_, PyAny>, expected: &str, example: &str) -> PyErr {
+    let kind = value
+        .get_type()
+        .name()
+        .map_or_else(|_| "object".to_string(), |n| n.to_string());
+    PyTypeError::new_err(format!(
+        "{name}={} has type {kind}, not {expected}: e.g. {name}={example}",
+        shown(value)
+    ))
+}
+
+/// A keyword that takes a string.
+pub fn text(
+    name: &str,
+    value: Option<&Bound<'_, PyAny>>,
+    example: &str,
+) -> PyResult<Option<String>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    match value.downcast::<PyString>() {
+        Ok(s) => Ok(Some(s.to_str()?.to_string())),
+        Err(_) => Err(wrong_type(name, value, "a string", example)),
+    }
+}
+
+/// A keyword that takes a whole number of at least `least` (a bool is refused,
+/// although Python counts it as an int).
+pub fn whole(
+    name: &str,
+    value: Option<&Bound<'_, PyAny>>,
+    least: u64,
+    meaning: &str,
+    example: &str,
+) -> PyResult<Option<u64>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        return Err(wrong_type(name, value, "a whole number", example));
+    }
+    match value.extract::<i128>() {
+        Ok(n) if n >= i128::from(least) && n <= i128::from(u64::MAX) => Ok(Some(n as u64)),
+        _ => Err(ConfigError::new_err(format!(
+            "{name}={} is out of range: {meaning} is a whole number of at least {least}, e.g. {name}={example}",
+            shown(value)
+        ))),
+    }
+}
+
+/// `overhead_budget`: a fraction of the process's CPU time (`0.05`, the form the
+/// `runs` table stores) or a percentage string (`"5%"`, the form of
+/// `RANKSCOPE_OVERHEAD_BUDGET`).
+pub fn overhead_budget(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<OverheadBudget>> {
+    const NAME: &str = "overhead_budget";
+    const FIX: &str = "give the agent's share of the process's CPU time as a fraction above 0 and at most 1 or as a percentage string, e.g. overhead_budget=0.05 or overhead_budget=\"5%\"";
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let budget = if let Ok(s) = value.downcast::<PyString>() {
+        OverheadBudget::parse(s.to_str()?)
+    } else if !value.is_instance_of::<PyBool>()
+        && (value.is_instance_of::<PyFloat>() || value.is_instance_of::<PyInt>())
+    {
+        OverheadBudget::from_fraction(value.extract::<f64>()?)
+    } else {
+        return Err(wrong_type(
+            NAME,
+            value,
+            "a fraction or a percentage string",
+            "0.05 or \"5%\"",
+        ));
+    };
+    budget.map(Some).ok_or_else(|| {
+        ConfigError::new_err(format!("{NAME}={} is not a budget: {FIX}", shown(value)))
+    })
+}
