@@ -18,8 +18,9 @@ pub mod v1;
 
 /// The schema major version this build speaks; a different major is refused.
 pub const SCHEMA_MAJOR: u32 = 1;
-/// The schema minor version this build writes.
-pub const SCHEMA_MINOR: u32 = 0;
+/// The schema minor version this build writes. Minor 1: an agent declares the seq
+/// gaps it made (`Batch.dropped_from`), and the collector refuses undeclared ones.
+pub const SCHEMA_MINOR: u32 = 1;
 /// The largest gRPC message either side accepts by default, in bytes.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// The longest run id accepted.

@@ -78,6 +78,9 @@ pub struct Outbox {
     next_seq: Option<u64>,
     /// How many entries, from the front, were sent on the current connection.
     sent: usize,
+    /// The highest `seq` the current collector said is durable (its `Welcome`,
+    /// then its acks): where this connection's sequence starts.
+    durable: u64,
     memory_bytes: usize,
     config: OutboxConfig,
     spill: Option<SpillLog>,
@@ -96,6 +99,7 @@ impl Outbox {
         let mut outbox = Outbox {
             entries: VecDeque::new(),
             next_seq: None,
+            durable: 0,
             sent: 0,
             memory_bytes: 0,
             spill: None,
@@ -277,6 +281,9 @@ impl Outbox {
             }
             self.next_seq = Some(next);
         }
+        // This collector's watermark, even below an earlier one's (a collector
+        // started afresh): the batches between are declared, not assumed, held.
+        self.durable = durable_seq;
         self.acknowledge(durable_seq);
         self.rewind();
         Ok(())
@@ -285,6 +292,7 @@ impl Outbox {
     /// Forgets every batch up to `durable_seq`, and the spill segments that held
     /// only those.
     pub fn acknowledge(&mut self, durable_seq: u64) {
+        self.durable = self.durable.max(durable_seq);
         while self
             .entries
             .front()
@@ -320,7 +328,10 @@ impl Outbox {
     }
 
     /// The next batch to send on this connection. A batch the spill can no longer
-    /// give back is dropped and counted.
+    /// give back is dropped and counted. When batches numbered before it are gone
+    /// without an acknowledgement (dropped at a bound, unreadable, or durable only
+    /// at an earlier collector), the batch declares them (`Batch.dropped_from`), so
+    /// the collector never has to guess a gap.
     pub fn next_unsent(&mut self) -> Option<Batch> {
         loop {
             let e = self.entries.get(self.sent)?;
@@ -332,7 +343,12 @@ impl Outbox {
             };
             match batch {
                 Ok(mut batch) => {
+                    let previous = match self.sent.checked_sub(1) {
+                        Some(i) => self.entries[i].seq.unwrap_or(self.durable),
+                        None => self.durable,
+                    };
                     batch.seq = seq;
+                    batch.dropped_from = if previous + 1 < seq { previous + 1 } else { 0 };
                     self.sent += 1;
                     return Some(batch);
                 }
@@ -459,6 +475,32 @@ mod tests {
         assert_eq!(o.dropped_rows(), 30);
         assert_eq!(o.unacked_rows(), 20);
         assert_eq!(o.next_unsent().unwrap().seq, 4);
+    }
+
+    #[test]
+    fn batches_dropped_unacknowledged_are_declared_by_the_next_one_sent() {
+        let one = batch(10).encoded_len();
+        let mut o = Outbox::in_memory(one * 2 + 4);
+        o.welcome(0).unwrap();
+        o.push(batch(10));
+        let first = o.next_unsent().unwrap();
+        assert_eq!((first.seq, first.dropped_from), (1, 0));
+        // The memory bound drops 1 (sent, not acknowledged), 2 and 3 (never sent).
+        for _ in 0..4 {
+            o.push(batch(10));
+        }
+        let next = o.next_unsent().unwrap();
+        assert_eq!((next.seq, next.dropped_from), (4, 1));
+        let after = o.next_unsent().unwrap();
+        assert_eq!((after.seq, after.dropped_from), (5, 0));
+        // A new connection whose collector holds 1: 4 declares 2 and 3.
+        o.welcome(1).unwrap();
+        let resent = o.next_unsent().unwrap();
+        assert_eq!((resent.seq, resent.dropped_from), (4, 2));
+        // A collector started afresh (nothing durable): 1 to 3 are declared.
+        o.welcome(0).unwrap();
+        let fresh = o.next_unsent().unwrap();
+        assert_eq!((fresh.seq, fresh.dropped_from), (4, 1));
     }
 
     #[test]
