@@ -416,6 +416,7 @@ mod tests {
             kind: Some(Kind::Batch(Batch {
                 seq,
                 r#final: seq.is_multiple_of(2),
+                dropped_from: 0,
                 steps: floats
                     .iter()
                     .enumerate()
