@@ -60,7 +60,7 @@ pub async fn run(
         }
         intake.record_vanished(policy.rank_grace);
         let stats = intake.pending_stats();
-        trim.tick(stats.bytes);
+        trim.tick(stats.bytes, stats.streams);
         let due = soon
             || stats.age.is_some_and(|a| a >= policy.max_file_age)
             || stats.largest_file_rows >= policy.max_file_rows
@@ -104,6 +104,7 @@ struct Trim {
     owed: bool,
     last: Instant,
     last_bytes: usize,
+    last_streams: usize,
 }
 
 impl Default for Trim {
@@ -112,6 +113,7 @@ impl Default for Trim {
             owed: false,
             last: Instant::now(),
             last_bytes: 0,
+            last_streams: 0,
         }
     }
 }
@@ -124,9 +126,16 @@ impl Trim {
 
     /// Called every tick with the buffer's bytes; trims when it is time, and
     /// says whether it did.
-    fn tick(&mut self, bytes: usize) -> bool {
+    /// `streams` is what the open streams take ([`Intake::resize_stream`]): when
+    /// it fell, streams ended and freed what they held (their read buffers, the
+    /// unfinished messages of a flood), which is owed back too.
+    fn tick(&mut self, bytes: usize, streams: usize) -> bool {
         let quiet = bytes <= self.last_bytes;
         self.last_bytes = bytes;
+        if streams < self.last_streams {
+            self.owed = true;
+        }
+        self.last_streams = streams;
         if self.owed && (quiet || self.last.elapsed() >= TRIM_EVERY) {
             release_freed_memory();
             self.owed = false;
@@ -204,18 +213,29 @@ mod tests {
     fn freed_memory_is_returned_once_the_intake_is_quiet() {
         let mut trim = Trim::default();
         // Nothing committed: nothing owed, however quiet.
-        assert!(!trim.tick(0));
-        assert!(!trim.tick(0));
+        assert!(!trim.tick(0, 0));
+        assert!(!trim.tick(0, 0));
         trim.committed();
         // Rows keep arriving: no trim yet.
-        assert!(!trim.tick(1_000));
-        assert!(!trim.tick(5_000));
+        assert!(!trim.tick(1_000, 0));
+        assert!(!trim.tick(5_000, 0));
         // The buffer stopped growing: trimmed, once.
-        assert!(trim.tick(5_000));
-        assert!(!trim.tick(5_000));
+        assert!(trim.tick(5_000, 0));
+        assert!(!trim.tick(5_000, 0));
         // Under a steady load, at most every TRIM_EVERY.
         trim.committed();
         trim.last -= TRIM_EVERY;
-        assert!(trim.tick(1_000));
+        assert!(trim.tick(1_000, 0));
+    }
+
+    #[test]
+    fn memory_of_ended_streams_is_returned_without_a_commit() {
+        let mut trim = Trim::default();
+        // Streams open: nothing owed.
+        assert!(!trim.tick(0, 4 << 20));
+        assert!(!trim.tick(0, 8 << 20));
+        // Some end (a flood timed out): their memory goes back at once, quiet.
+        assert!(trim.tick(0, 1 << 20));
+        assert!(!trim.tick(0, 1 << 20));
     }
 }

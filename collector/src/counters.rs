@@ -95,10 +95,17 @@ pub enum Refusal {
     BufferFull,
     /// A stream opened while the collector drains (`UNAVAILABLE`).
     ShuttingDown,
+    /// A message did not arrive whole within `--message-timeout` of its first
+    /// byte (`DEADLINE_EXCEEDED`).
+    MessageTimeout,
+    /// The agent went away mid-stream: it reset or cancelled the stream, its
+    /// connection closed, or it stopped answering keepalive pings. Not counted
+    /// once the stream delivered its final batch.
+    Disconnected,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 10] = [
+    pub const ALL: [Refusal; 12] = [
         Refusal::Unauthenticated,
         Refusal::Schema,
         Refusal::Invalid,
@@ -109,6 +116,8 @@ impl Refusal {
         Refusal::LowDisk,
         Refusal::BufferFull,
         Refusal::ShuttingDown,
+        Refusal::MessageTimeout,
+        Refusal::Disconnected,
     ];
 
     /// The `reason` label.
@@ -124,13 +133,17 @@ impl Refusal {
             Refusal::LowDisk => "low_disk",
             Refusal::BufferFull => "buffer_full",
             Refusal::ShuttingDown => "shutting_down",
+            Refusal::MessageTimeout => "message_timeout",
+            Refusal::Disconnected => "disconnected",
         }
     }
 
-    /// The reason for a status that ended the reading of a stream: tonic's
-    /// `INTERNAL` for undecodable bytes, `OUT_OF_RANGE` for a message over the
-    /// size limit, `INVALID_ARGUMENT` for a batch over the row limit. `None` for
-    /// anything that is not a refusal (the agent went away).
+    /// The reason for a status that ended the reading of a stream, by its code:
+    /// tonic's `INTERNAL` for undecodable bytes, `OUT_OF_RANGE` for a message over
+    /// the size limit, `INVALID_ARGUMENT` for a batch over the row limit. `None`
+    /// for any other code. (The service tells a disconnect and a message timeout
+    /// by the status's source first, `grpc::ReadEnd`: a reset stream can carry
+    /// `INTERNAL` too.)
     pub fn of_read_error(code: tonic::Code) -> Option<Refusal> {
         match code {
             tonic::Code::Internal => Some(Refusal::Malformed),

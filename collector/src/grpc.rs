@@ -15,21 +15,38 @@
 //! refused as malformed, never decoded. Everything else is what the generated
 //! server does: one streaming method, the configured message size limit,
 //! `UNIMPLEMENTED` for any other path.
+//!
+//! Before tonic reads a stream's bytes, [`Metered`] follows its gRPC frames as
+//! they pass: a message takes its declared length of the decoding room
+//! ([`Room`]) when its 5-byte prefix arrives, before any more of it is read, and
+//! gives it back when its last byte is handed on (a message of at most
+//! [`ROOMLESS_MESSAGE_BYTES`], or within the read buffer its stream's share
+//! counts, takes none). Without room the stream is not
+//! read, so HTTP/2 flow control holds the sender. A message still unfinished
+//! `--message-timeout` after its first byte ends its stream (`DEADLINE_EXCEEDED`),
+//! and a stream that the agent resets, or whose connection closes, ends as a
+//! disconnect, not as malformed bytes ([`ReadEnd`]).
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
+use hyper::body::Frame;
 use rankscope_proto::MAX_ROWS_PER_BATCH;
 use rankscope_proto::v1::CollectorMessage;
 use rankscope_proto::v1::collector_server::SERVICE_NAME;
+use tokio::time::{Instant, Sleep};
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::ProstEncoder;
 
+use crate::room::{Room, RoomPermit};
 use crate::table::{MAX_ROW_BYTES, Table};
 use crate::validate::Invalid;
 use crate::wire::{self, Message, TableRows};
@@ -237,19 +254,31 @@ pub trait StreamService: Send + Sync + 'static {
     ) -> Result<Response<Self::Outbound>, Status>;
 }
 
+/// What a stream's messages may take while they arrive.
+#[derive(Debug, Clone)]
+pub struct MessageLimits {
+    /// The largest message accepted, in bytes (`--max-message-bytes`).
+    pub max_message_bytes: usize,
+    /// The decoding room an unfinished message takes its length of.
+    pub room: Arc<Room>,
+    /// How long a message may take from its first byte to its last
+    /// (`--message-timeout`).
+    pub timeout: Duration,
+}
+
 /// The server for a [`StreamService`], in place of the generated one.
 #[derive(Debug)]
 pub struct CollectorServer<T> {
     inner: Arc<T>,
-    max_message_bytes: usize,
+    limits: MessageLimits,
 }
 
 impl<T> CollectorServer<T> {
-    /// Serves `inner`, accepting and sending messages of at most `max_message_bytes`.
-    pub fn new(inner: T, max_message_bytes: usize) -> CollectorServer<T> {
+    /// Serves `inner`, accepting and sending messages within `limits`.
+    pub fn new(inner: T, limits: MessageLimits) -> CollectorServer<T> {
         CollectorServer {
             inner: Arc::new(inner),
-            max_message_bytes,
+            limits,
         }
     }
 }
@@ -258,7 +287,7 @@ impl<T> Clone for CollectorServer<T> {
     fn clone(&self) -> Self {
         CollectorServer {
             inner: self.inner.clone(),
-            max_message_bytes: self.max_message_bytes,
+            limits: self.limits.clone(),
         }
     }
 }
@@ -303,12 +332,342 @@ where
                 )
             });
         }
-        let (inner, limit) = (self.inner.clone(), self.max_message_bytes);
+        let (inner, limits) = (self.inner.clone(), self.limits.clone());
+        let limit = limits.max_message_bytes;
+        let request = request.map(|body| Metered::new(body, limits));
         Box::pin(async move {
             let mut grpc =
                 Grpc::new(AgentCodec).apply_max_message_size_config(Some(limit), Some(limit));
             Ok(grpc.streaming(StreamMethod(inner), request).await)
         })
+    }
+}
+
+/// Why reading a stream ended, where its status code alone does not say: the
+/// source of the status [`Metered`] ends a stream with ([`ReadEnd::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReadEnd {
+    /// The agent went away: it reset or cancelled the stream, its connection
+    /// closed or was reset, or it stopped answering keepalive pings.
+    #[error("the agent went away")]
+    Disconnected,
+    /// A message did not arrive whole within `--message-timeout` of its first byte.
+    #[error("a message did not arrive in time")]
+    MessageTimeout,
+}
+
+impl ReadEnd {
+    /// How the reading that ended with `status` ended, if [`Metered`] ended it.
+    pub fn of(status: &Status) -> Option<ReadEnd> {
+        std::error::Error::source(status)?
+            .downcast_ref::<ReadEnd>()
+            .copied()
+    }
+
+    /// A status with this as its source.
+    pub fn status(self, code: tonic::Code, message: String) -> Status {
+        let mut status = Status::new(code, message);
+        status.set_source(Arc::new(self));
+        status
+    }
+}
+
+/// Bytes of a gRPC message's prefix: the compressed flag and a 4-byte length.
+const PREFIX_BYTES: usize = 5;
+
+/// The largest message that takes no room: one that fits, prefix included, in
+/// the read buffer tonic gives every stream when it opens (8 KiB), which the
+/// stream's own share counts (`intake::STREAM_BASE_BYTES`). A Hello, or a batch
+/// of a few rows, so never waits behind a large message for room. Nor does a
+/// message that fits in the read buffer the stream's share counts beside the
+/// largest message it sent whole, that message's size rounded up to a power of
+/// two (`intake::stream_bytes`).
+pub const ROOMLESS_MESSAGE_BYTES: usize = (8 << 10) - PREFIX_BYTES;
+
+/// The message whose bytes are passing through [`Metered`].
+struct Unfinished {
+    prefix: [u8; PREFIX_BYTES],
+    /// Bytes of the prefix seen so far.
+    prefix_seen: usize,
+    /// The declared length, once the prefix is whole.
+    len: usize,
+    /// Bytes of the message (after its prefix) still to come.
+    left: usize,
+    /// Its room, once it has it; dropped (given back) with the message.
+    room: Option<RoomPermit>,
+    /// Waiting for its room.
+    waiting: Option<Pin<Box<dyn Future<Output = RoomPermit> + Send>>>,
+}
+
+/// A request body with its gRPC messages metered as their bytes pass (see the
+/// module's header): room for each unfinished message, a deadline on it, and
+/// disconnects told from malformed bytes.
+pub struct Metered<B> {
+    inner: Pin<Box<B>>,
+    limits: MessageLimits,
+    /// Bytes taken from `inner` and not yet handed on; the first `parsed` of
+    /// them were followed already.
+    held: Bytes,
+    parsed: usize,
+    /// `held` is a copy of its own, not a slice of the frame it came in.
+    held_owned: bool,
+    /// The largest message handed on whole: the stream's share counts a read
+    /// buffer of this size (`intake::stream_bytes`).
+    largest: usize,
+    message: Option<Unfinished>,
+    /// The deadline of the message in `message`, set at its first byte.
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// Nothing more is handed on.
+    done: bool,
+}
+
+impl<B> Metered<B> {
+    pub fn new(inner: B, limits: MessageLimits) -> Metered<B> {
+        Metered {
+            inner: Box::pin(inner),
+            limits,
+            held: Bytes::new(),
+            parsed: 0,
+            held_owned: false,
+            largest: 0,
+            message: None,
+            deadline: None,
+            done: false,
+        }
+    }
+
+    /// Follows the frames in `held`; returns the bytes to hand on, or `None`
+    /// while the message there waits for room. Stops at the end of a message, so
+    /// that the next one asks for room only once this one is decoded and given
+    /// its own.
+    fn advance(&mut self, cx: &mut Context<'_>) -> Option<Bytes> {
+        let mut n = self.parsed;
+        while n < self.held.len() {
+            if self.message.is_none() {
+                if n > 0 {
+                    break; // a message ended in these bytes: hand it on alone
+                }
+                self.start();
+            }
+            let limits = &self.limits;
+            // The read buffer the stream's share counts holds a message this large.
+            let counted = ROOMLESS_MESSAGE_BYTES.max(self.largest.next_power_of_two());
+            let Some(message) = self.message.as_mut() else {
+                break;
+            };
+            if message.prefix_seen < PREFIX_BYTES {
+                let k = (PREFIX_BYTES - message.prefix_seen).min(self.held.len() - n);
+                message.prefix[message.prefix_seen..][..k].copy_from_slice(&self.held[n..][..k]);
+                message.prefix_seen += k;
+                n += k;
+                if message.prefix_seen < PREFIX_BYTES {
+                    break;
+                }
+                let [flag, len @ ..] = message.prefix;
+                message.len = u32::from_be_bytes(len) as usize;
+                message.left = message.len;
+                // A compressed flag, an unknown one or a length over the limit is
+                // refused by tonic at the prefix, before it allocates: pass it on.
+                if flag == 0 && message.len > counted && message.len <= limits.max_message_bytes {
+                    let room = limits.room.clone();
+                    message.waiting = Some(Box::pin(room.unfinished(message.len)));
+                }
+            }
+            if let Some(waiting) = message.waiting.as_mut() {
+                match waiting.as_mut().poll(cx) {
+                    Poll::Ready(room) => {
+                        message.room = Some(room);
+                        message.waiting = None;
+                    }
+                    Poll::Pending => {
+                        // Hold the prefix back, so nothing sizes a buffer for the
+                        // message before it has room.
+                        self.parsed = n;
+                        self.own_held();
+                        return None;
+                    }
+                }
+            }
+            let k = message.left.min(self.held.len() - n);
+            message.left -= k;
+            n += k;
+            if message.left == 0 {
+                // The last byte is handed on: its room goes back, and the message
+                // now counts in its stream's share (`service`).
+                self.largest = self.largest.max(message.len);
+                self.message = None;
+            }
+        }
+        self.parsed = 0;
+        let bytes = self.held.split_to(n);
+        self.own_held();
+        Some(bytes)
+    }
+
+    /// Copies bytes kept past this poll out of the frame they came in: a frame
+    /// is a slice of h2's read buffer, which it would keep whole (up to 16 KiB
+    /// and more) while the stream waits for room or decodes the message before.
+    fn own_held(&mut self) {
+        if !self.held_owned && !self.held.is_empty() {
+            self.held = Bytes::copy_from_slice(&self.held);
+            self.held_owned = true;
+        }
+    }
+
+    /// A message starts: its deadline runs from now.
+    fn start(&mut self) {
+        let at = Instant::now() + self.limits.timeout;
+        match self.deadline.as_mut() {
+            Some(deadline) => deadline.as_mut().reset(at),
+            None => self.deadline = Some(Box::pin(tokio::time::sleep_until(at))),
+        }
+        self.message = Some(Unfinished {
+            prefix: [0; PREFIX_BYTES],
+            prefix_seen: 0,
+            len: 0,
+            left: 0,
+            room: None,
+            waiting: None,
+        });
+    }
+
+    /// Nothing to hand on now: `Pending`, unless the message begun is past its
+    /// deadline.
+    fn stalled(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let Some(message) = &self.message else {
+            return Poll::Pending;
+        };
+        let Some(deadline) = self.deadline.as_mut() else {
+            return Poll::Pending;
+        };
+        if deadline.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let timeout = self.limits.timeout;
+        let why = if message.prefix_seen < PREFIX_BYTES {
+            format!(
+                "a message's 5-byte gRPC prefix did not arrive whole within {timeout:?} of its \
+                 first byte"
+            )
+        } else if message.waiting.is_some() {
+            format!(
+                "a message of {} bytes found no room to be read within {timeout:?} of its first \
+                 byte: the collector's room for decoding (an eighth of --max-memory-bytes) is \
+                 held by other messages",
+                message.len
+            )
+        } else {
+            format!(
+                "a message of {} bytes did not arrive whole within {timeout:?} of its first byte \
+                 ({} bytes came)",
+                message.len,
+                message.len - message.left
+            )
+        };
+        let status = ReadEnd::MessageTimeout.status(
+            tonic::Code::DeadlineExceeded,
+            format!(
+                "{why} (--message-timeout): the stream ends and frees what it held; resend \
+                 unacknowledged batches on a new stream"
+            ),
+        );
+        self.end();
+        Poll::Ready(Some(Err(status)))
+    }
+
+    /// Ends the reading: gives back the room held and hands on nothing more.
+    fn end(&mut self) {
+        self.done = true;
+        self.message = None;
+        self.held = Bytes::new();
+        self.parsed = 0;
+    }
+}
+
+/// Whether a request body's error is the agent going away (a reset or cancelled
+/// stream, a closed or reset connection, an unanswered keepalive), as opposed to
+/// bytes that break HTTP/2, which h2 itself refuses.
+fn is_disconnect(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.is_io() || h2.is_remote();
+        }
+        if let Some(hyper) = e.downcast_ref::<hyper::Error>()
+            && (hyper.is_timeout()
+                || hyper.is_canceled()
+                || hyper.is_closed()
+                || hyper.is_incomplete_message())
+        {
+            return true;
+        }
+        if e.is::<std::io::Error>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+impl<B> Body for Metered<B>
+where
+    B: Body,
+    B::Error: Into<StdError>,
+{
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            if !this.held.is_empty() {
+                return match this.advance(cx) {
+                    Some(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                    None => this.stalled(cx),
+                };
+            }
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Pending => return this.stalled(cx),
+                Poll::Ready(None) => {
+                    // tonic refuses a message cut short by the end of the stream.
+                    this.done = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(mut data) => {
+                        this.held = data.copy_to_bytes(data.remaining());
+                        this.held_owned = false;
+                    }
+                    Err(frame) => {
+                        let frame = frame.map_data(|mut d| d.copy_to_bytes(d.remaining()));
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                },
+                Poll::Ready(Some(Err(error))) => {
+                    let error: StdError = error.into();
+                    let status = if is_disconnect(&*error) {
+                        ReadEnd::Disconnected.status(
+                            tonic::Code::Unavailable,
+                            format!("the agent went away: {error}"),
+                        )
+                    } else {
+                        Status::from_error(error)
+                    };
+                    this.end();
+                    return Poll::Ready(Some(Err(status)));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || (self.held.is_empty() && self.message.is_none() && self.inner.is_end_stream())
     }
 }
 
@@ -409,5 +768,168 @@ mod tests {
         }
         let deep = [vec![0x4b; 200], vec![0x4c; 200]].concat();
         assert_eq!(batch_rows_on_wire(&deep), Err("groups nested too deeply"));
+    }
+
+    mod metered {
+        use super::super::*;
+        use http_body_util::{BodyExt, StreamBody};
+        use tokio::sync::mpsc;
+        use tokio_stream::wrappers::UnboundedReceiverStream;
+
+        type Sent = Result<Frame<Bytes>, std::io::Error>;
+        type TestBody = Metered<StreamBody<UnboundedReceiverStream<Sent>>>;
+
+        fn body(room: &Arc<Room>) -> (mpsc::UnboundedSender<Sent>, TestBody) {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let limits = MessageLimits {
+                max_message_bytes: 1 << 20,
+                room: room.clone(),
+                timeout: Duration::from_secs(30),
+            };
+            let body = Metered::new(StreamBody::new(UnboundedReceiverStream::new(rx)), limits);
+            (tx, body)
+        }
+
+        fn framed(payload: &[u8]) -> Vec<u8> {
+            let mut f = vec![0];
+            f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            f.extend_from_slice(payload);
+            f
+        }
+
+        fn send(tx: &mpsc::UnboundedSender<Sent>, bytes: &[u8]) {
+            tx.send(Ok(Frame::data(Bytes::copy_from_slice(bytes))))
+                .unwrap();
+        }
+
+        /// The next data frame, or `None` if none is ready within 50 ms.
+        async fn next(body: &mut TestBody) -> Option<Result<Bytes, Status>> {
+            let frame = tokio::time::timeout(Duration::from_millis(50), body.frame())
+                .await
+                .ok()??;
+            Some(frame.map(|f| f.into_data().expect("a data frame")))
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn messages_pass_whole_and_hold_their_length_of_room_while_unfinished() {
+            let room = Room::new(1 << 20);
+            let (tx, mut body) = body(&room);
+            let large = framed(&[7; 20_000]);
+            let small = framed(b"hello");
+            // A small message and the start of a large one in one frame: the
+            // small one is handed on alone, and takes no room.
+            let mut first = small.clone();
+            first.extend_from_slice(&large[..3]);
+            send(&tx, &first);
+            assert_eq!(next(&mut body).await.unwrap().unwrap(), &small[..]);
+            assert_eq!(room.unfinished_bytes(), 0);
+            // The large one's prefix, split over frames, then its bytes in pieces.
+            assert_eq!(next(&mut body).await.unwrap().unwrap(), &large[..3]);
+            send(&tx, &large[3..1000]);
+            assert_eq!(next(&mut body).await.unwrap().unwrap(), &large[3..1000]);
+            assert_eq!(room.unfinished_bytes(), 20_000);
+            send(&tx, &large[1000..]);
+            assert_eq!(next(&mut body).await.unwrap().unwrap(), &large[1000..]);
+            // Its last byte handed on: the room is back.
+            assert_eq!(room.unfinished_bytes(), 0);
+            assert_eq!(room.used_bytes(), 0);
+            // One within the read buffer its stream's share counts (20,000
+            // rounded up to 32 KiB) takes no room; a larger one takes room again.
+            let same = framed(&[8; 32_768]);
+            send(&tx, &same[..100]);
+            assert_eq!(next(&mut body).await.unwrap().unwrap(), &same[..100]);
+            assert_eq!(room.unfinished_bytes(), 0);
+            send(&tx, &same[100..]);
+            assert_eq!(next(&mut body).await.unwrap().unwrap(), &same[100..]);
+            let larger = framed(&[9; 32_769]);
+            send(&tx, &larger[..100]);
+            assert_eq!(next(&mut body).await.unwrap().unwrap(), &larger[..100]);
+            assert_eq!(room.unfinished_bytes(), 32_769);
+            send(&tx, &larger[100..]);
+            assert_eq!(next(&mut body).await.unwrap().unwrap(), &larger[100..]);
+            assert_eq!(room.unfinished_bytes(), 0);
+            drop(tx);
+            assert!(body.frame().await.is_none());
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn without_room_nothing_past_the_prefix_is_read() {
+            let room = Room::new(64 << 10);
+            let held = room.clone().unfinished(60 << 10).await;
+            let (tx, mut body) = body(&room);
+            let message = framed(&[1; 30_000]);
+            send(&tx, &message[..10_000]);
+            assert!(next(&mut body).await.is_none(), "waits for room");
+            // Nothing more is taken from the connection meanwhile.
+            send(&tx, &message[10_000..]);
+            assert!(next(&mut body).await.is_none());
+            drop(held);
+            let mut got = Vec::new();
+            while got.len() < message.len() {
+                got.extend_from_slice(&next(&mut body).await.unwrap().unwrap());
+            }
+            assert_eq!(got, message);
+            assert_eq!(room.used_bytes(), 0);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_message_unfinished_past_the_timeout_ends_the_stream() {
+            let room = Room::new(1 << 20);
+            let (tx, mut body) = body(&room);
+            // Idle between messages: no deadline runs.
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            let message = framed(&[1; 50_000]);
+            send(&tx, &message[..20_000]);
+            assert!(next(&mut body).await.unwrap().is_ok());
+            assert_eq!(room.unfinished_bytes(), 50_000);
+            tokio::time::sleep(Duration::from_secs(29)).await;
+            send(&tx, &message[20_000..30_000]);
+            assert!(next(&mut body).await.unwrap().is_ok());
+            let status = body.frame().await.unwrap().unwrap_err();
+            assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+            assert_eq!(ReadEnd::of(&status), Some(ReadEnd::MessageTimeout));
+            assert!(
+                status
+                    .message()
+                    .contains("50000 bytes did not arrive whole within 30s of its first byte (29995 bytes came) (--message-timeout)"),
+                "{status:?}"
+            );
+            assert_eq!(room.used_bytes(), 0, "the room is given back at once");
+            assert!(body.frame().await.is_none());
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn waiting_for_room_counts_against_the_timeout() {
+            let room = Room::new(64 << 10);
+            let _held = room.clone().unfinished(60 << 10).await;
+            let (tx, mut body) = body(&room);
+            send(&tx, &framed(&[1; 30_000])[..100]);
+            let status = body.frame().await.unwrap().unwrap_err();
+            assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+            assert!(status.message().contains("found no room"), "{status:?}");
+        }
+
+        #[tokio::test]
+        async fn a_closed_connection_is_a_disconnect_not_malformed_bytes() {
+            let room = Room::new(1 << 20);
+            let (tx, mut body) = body(&room);
+            send(&tx, &framed(&[1; 20_000])[..100]);
+            assert!(next(&mut body).await.unwrap().is_ok());
+            let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+            tx.send(Err(reset)).unwrap();
+            let status = body.frame().await.unwrap().unwrap_err();
+            assert_eq!(ReadEnd::of(&status), Some(ReadEnd::Disconnected));
+            assert_eq!(status.code(), tonic::Code::Unavailable);
+            assert_eq!(room.used_bytes(), 0);
+        }
+
+        #[test]
+        fn what_counts_as_a_disconnect() {
+            let io = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+            assert!(is_disconnect(&io));
+            // h2's own protocol errors, and errors of no transport, are not.
+            assert!(!is_disconnect(&h2::Error::from(h2::Reason::PROTOCOL_ERROR)));
+            assert!(!is_disconnect(&Status::internal("x")));
+        }
     }
 }

@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rankscope_proto::v1::{Batch, Hello, RankRow};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, watch};
 
 use crate::buffer::{BatchRecords, Pending, RankKey};
+use crate::room::{Room, RoomPermit};
 use crate::wire;
 
 /// How far past the highest accepted `seq` a batch may jump before it is refused
@@ -29,25 +30,27 @@ pub const MAX_SEQ_JUMP: u64 = 1_000_000_000;
 pub const RESERVED_BYTES: usize = 112 << 20;
 
 /// Memory an open stream takes beside its messages: HTTP/2 connection state and
-/// buffers (its flow-control window's data is read into the message buffers).
+/// buffers, and the 8 KiB read buffer it starts with (36 KiB measured per idle
+/// stream after its Hello, 4,096 of them).
 pub const STREAM_BASE_BYTES: usize = 32 << 10;
 
-/// What an open stream that has sent messages of up to `largest` bytes takes:
-/// [`STREAM_BASE_BYTES`], the message held until its rows are admitted, and the
-/// read buffer the next one arrives in, which keeps the capacity the largest
-/// message grew it to (a power of two). 288 KiB for messages of 128 KiB, where
-/// 256 KiB per stream was measured (1,024 against 256 streams, both waiting on
-/// a full buffer).
-pub fn stream_bytes(largest: usize) -> usize {
-    STREAM_BASE_BYTES + largest + largest.next_power_of_two()
-}
+/// What a stream the collector does not read can hold beyond its base: one HTTP/2
+/// flow-control window (64 KiB) of data, in h2's receive buffers, which take up
+/// to twice the data they hold when it comes in frames of a few KiB (122 KiB
+/// measured per stream with the window filled in 4 KiB frames, 4,096 streams).
+/// A stream is not read while its message waits for decoding room (`room`) or
+/// while the one before is decoded and admitted.
+pub const UNREAD_BYTES: usize = 128 << 10;
 
-/// `bytes` in whole KiB, at least 1 and at most `u32::MAX` (4 TiB, the most
-/// `acquire_many` takes).
-fn kib(bytes: usize) -> u32 {
-    u32::try_from(bytes.div_ceil(1024))
-        .unwrap_or(u32::MAX)
-        .max(1)
+/// What an open stream that has sent messages of up to `largest` bytes takes:
+/// [`STREAM_BASE_BYTES`], and the larger of [`UNREAD_BYTES`] and what its
+/// messages take: the message held until its rows are admitted, and the read
+/// buffer the next one arrives in, which keeps the capacity the largest message
+/// grew it to (a power of two). 288 KiB for messages of 128 KiB, where 256 KiB
+/// per stream was measured (1,024 against 256 streams, both waiting on a full
+/// buffer, their windows full); 160 KiB for a stream that sent only small ones.
+pub fn stream_bytes(largest: usize) -> usize {
+    STREAM_BASE_BYTES + (largest + largest.next_power_of_two()).max(UNREAD_BYTES)
 }
 
 /// The answer to a batch.
@@ -122,11 +125,13 @@ pub struct PendingStats {
 /// Shared between every stream and the committer.
 ///
 /// The memory bound (`max_memory_bytes`) covers the collector's resident memory:
-/// [`RESERVED_BYTES`] for what it takes whatever it holds, an eighth for batches
-/// being decoded and admitted ([`Intake::decode_room`]), what the open streams
+/// [`RESERVED_BYTES`] for what it takes whatever it holds, an eighth for messages
+/// still arriving and batches being decoded and admitted ([`Room`],
+/// [`Intake::decode_room`]), what the open streams
 /// take ([`stream_bytes`] each), and the rest for the rows held, buffered or being
 /// committed ([`Intake::rows_limit`]). The rows always get at least a sixteenth of
-/// the bound: streams past what the bound can hold (about 1,080 at the default)
+/// the bound: streams past what the bound can hold (about 1,080 of the agents'
+/// 128 KiB batches at the default)
 /// take RSS past it, with a warning that names the bound to set.
 #[derive(Debug)]
 pub struct Intake {
@@ -136,9 +141,8 @@ pub struct Intake {
     /// What the streams took at the last warning that the rows were left their
     /// floor; 0 once they are above it again.
     warned_streams: AtomicUsize,
-    /// Room for decoded batches not yet admitted, in KiB.
-    decode_room: Arc<Semaphore>,
-    decode_room_kib: u32,
+    /// Room for unfinished messages and decoded batches not yet admitted.
+    room: Arc<Room>,
     /// Woken after every commit attempt.
     pub committed: Notify,
     /// Woken when a stream asks for an early commit (its final batch).
@@ -153,10 +157,8 @@ impl Intake {
             .map(|(k, seq)| (k, RankState::new(seq)))
             .collect();
         let decode_bytes = max_memory_bytes / 8;
-        let decode_room_kib = kib(decode_bytes);
         Intake {
-            decode_room: Arc::new(Semaphore::new(decode_room_kib as usize)),
-            decode_room_kib,
+            room: Room::new(decode_bytes),
             inner: Mutex::new(Inner {
                 ranks,
                 pending: Pending::default(),
@@ -174,12 +176,13 @@ impl Intake {
     /// Waits for room to decode a batch of about `bytes` (a batch larger than all
     /// the room waits for all of it); the room is given back when the permit is
     /// dropped, once the batch is admitted (its rows then count in the buffer).
-    pub async fn decode_room(&self, bytes: usize) -> OwnedSemaphorePermit {
-        self.decode_room
-            .clone()
-            .acquire_many_owned(kib(bytes).min(self.decode_room_kib))
-            .await
-            .expect("the semaphore is never closed")
+    pub async fn decode_room(&self, bytes: usize) -> RoomPermit {
+        self.room.decode(bytes).await
+    }
+
+    /// The room for decoding, which unfinished messages share ([`Room`]).
+    pub fn room(&self) -> Arc<Room> {
+        self.room.clone()
     }
 
     /// The memory bound (`--max-memory-bytes`).
@@ -432,6 +435,10 @@ mod tests {
         assert_eq!(rows, bound - RESERVED_BYTES - bound / 8);
         let one = stream_bytes(120_000);
         assert_eq!(one, STREAM_BASE_BYTES + 120_000 + 131_072);
+        // A stream that sent small messages may still hold a window unread.
+        assert_eq!(stream_bytes(0), STREAM_BASE_BYTES + UNREAD_BYTES);
+        assert_eq!(stream_bytes(300), STREAM_BASE_BYTES + UNREAD_BYTES);
+        assert!(UNREAD_BYTES >= 2 * crate::HTTP2_WINDOW_BYTES as usize);
         intake.resize_stream(0, stream_bytes(0));
         intake.resize_stream(stream_bytes(0), one);
         assert_eq!(intake.pending_stats().limit, rows - one);

@@ -14,6 +14,8 @@
 //!   builders;
 //! - [`service`]: the gRPC service, one task per rank stream;
 //! - [`intake`]: accepted rows and the per-(run, rank) sequence watermarks (dedup);
+//! - [`room`]: the room for decoding, which unfinished messages and batches being
+//!   decoded share;
 //! - [`buffer`]: rows waiting for the next commit, grouped by (table, run);
 //! - [`table`]: the six tables' columns and their Arrow builders;
 //! - [`committer`]: when buffered rows become files;
@@ -45,6 +47,7 @@ pub mod grpc;
 pub mod intake;
 pub mod ops;
 pub mod phase;
+pub mod room;
 pub mod service;
 pub mod space;
 pub mod store;
@@ -66,7 +69,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::committer::CommitPolicy;
 use crate::counters::{CommitCounters, Refusal, StreamCounters};
-use crate::grpc::CollectorServer;
+use crate::grpc::{CollectorServer, MessageLimits};
 use crate::intake::Intake;
 use crate::phase::{Phase, until};
 use crate::service::CollectorService;
@@ -89,6 +92,9 @@ pub struct CollectorConfig {
     pub max_memory_bytes: usize,
     /// Largest message accepted, in bytes.
     pub max_message_bytes: usize,
+    /// A message not arrived whole this long after its first byte ends its stream
+    /// (`DEADLINE_EXCEEDED`; the agent resends on a new one).
+    pub message_timeout: Duration,
     /// Most streams open at once.
     pub max_streams: usize,
     /// How long a rank may stay disconnected before it is recorded as vanished.
@@ -111,6 +117,12 @@ impl CollectorConfig {
     pub const DEFAULT_MAX_MEMORY_BYTES: usize = 512 * 1024 * 1024;
     pub const DEFAULT_MAX_STREAMS: usize = 4096;
     pub const DEFAULT_RANK_GRACE: Duration = Duration::from_secs(30);
+    /// 30 s: a 16 MiB message (the largest by default) arrives within it at
+    /// 4.5 Mbit/s, and an agent's batch of about 128 KiB at 35 kbit/s; a network
+    /// cut of a few seconds (TCP resends once the link is back) does not end a
+    /// message caught in it; and a sender that stalls gives its room back within
+    /// it, sooner than the keepalive would notice a dead peer (40 s).
+    pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 
     /// The defaults, writing to `out`. The command line's defaults are these.
     pub fn new(out: impl Into<PathBuf>) -> CollectorConfig {
@@ -121,6 +133,7 @@ impl CollectorConfig {
             row_group_rows: Self::DEFAULT_ROW_GROUP_ROWS,
             max_memory_bytes: Self::DEFAULT_MAX_MEMORY_BYTES,
             max_message_bytes: rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES,
+            message_timeout: Self::DEFAULT_MESSAGE_TIMEOUT,
             max_streams: Self::DEFAULT_MAX_STREAMS,
             rank_grace: Self::DEFAULT_RANK_GRACE,
             token: None,
@@ -172,6 +185,13 @@ impl CollectorConfig {
                 self.max_memory_bytes,
                 decode_room,
                 self.max_message_bytes.saturating_mul(8)
+            ));
+        }
+        if self.message_timeout.is_zero() {
+            return bad(format!(
+                "--message-timeout 0 would end every stream at its first message: give the time \
+                 a message may take from its first byte to its last (the default is {:?})",
+                Self::DEFAULT_MESSAGE_TIMEOUT
             ));
         }
         if self.max_file_rows == 0 {
@@ -290,8 +310,9 @@ pub async fn serve_with_http(
             let figures = ops::metrics::Figures {
                 streams: stream_counters.clone(),
                 commits: commit_counters.clone(),
-                intake,
+                intake: intake.clone(),
                 open_streams: service.open_streams(),
+                message_timeout: config.message_timeout,
                 readiness: readiness.clone(),
                 out: config.out.clone(),
                 min_free_bytes: config.min_free_bytes,
@@ -305,7 +326,12 @@ pub async fn serve_with_http(
     };
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let health_task = tokio::spawn(ops::report_grpc_health(health_reporter, readiness));
-    let server = CollectorServer::new(service, config.max_message_bytes);
+    let limits = MessageLimits {
+        max_message_bytes: config.max_message_bytes,
+        room: intake.room(),
+        timeout: config.message_timeout,
+    };
+    let server = CollectorServer::new(service, limits);
     let mut token = auth::BearerToken::new(config.token.clone());
     let counters = stream_counters.clone();
     let server = InterceptedService::new(server, move |request| {

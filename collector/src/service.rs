@@ -25,7 +25,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::buffer::RankKey;
 use crate::counters::{BatchRows, Refusal, StreamCounters};
-use crate::grpc::{StreamService, Undecoded};
+use crate::grpc::{ReadEnd, StreamService, Undecoded};
 use crate::intake::{self, Admission, Intake};
 use crate::phase::{Phase, until};
 use crate::space::SpaceGuard;
@@ -120,12 +120,22 @@ fn refuse(invalid: Invalid) -> Status {
     }
 }
 
+/// Why reading the agent's side of a stream failed with `status`, if it was a
+/// refusal or the agent going away ([`ReadEnd`]; otherwise from its code).
+fn read_refusal(status: &Status) -> Option<Refusal> {
+    match ReadEnd::of(status) {
+        Some(ReadEnd::Disconnected) => Some(Refusal::Disconnected),
+        Some(ReadEnd::MessageTimeout) => Some(Refusal::MessageTimeout),
+        None => Refusal::of_read_error(status.code()),
+    }
+}
+
 /// The status for a failure to read the agent's side of the stream. tonic reports
 /// bytes that do not decode (not protobuf, a truncated or flagged frame) as
 /// `INTERNAL`, the gRPC convention for library-made parse errors; the fault is the
 /// sender's, so the collector answers `INVALID_ARGUMENT` and says so.
 fn from_agent(status: Status) -> Status {
-    if status.code() == tonic::Code::Internal {
+    if status.code() == tonic::Code::Internal && ReadEnd::of(&status).is_none() {
         Status::invalid_argument(format!(
             "malformed message from the agent ({}): send rankscope.v1 AgentMessage protobufs in gRPC frames",
             status.message()
@@ -180,7 +190,7 @@ impl StreamService for CollectorService {
                 return Err(Status::deadline_exceeded("no Hello within 10 s"));
             }
             Ok(Err(status)) => {
-                if let Some(reason) = Refusal::of_read_error(status.code()) {
+                if let Some(reason) = read_refusal(&status) {
                     self.counters.refuse(reason);
                 }
                 return Err(from_agent(status));
@@ -287,7 +297,7 @@ impl StreamTask {
                     None => return Ok(()),
                     Some(undecoded) => self.message(undecoded).await?,
                 },
-                Next::Durable => self.ack().await?,
+                Next::Durable => self.ack().await.map_err(|gone| self.refused(gone))?,
                 Next::Drain => return Ok(()),
             }
         }
@@ -325,11 +335,14 @@ impl StreamTask {
         )
     }
 
-    /// Counts a failure to read what the agent sent, unless it is a disconnect,
-    /// and words it for the agent ([`from_agent`]).
+    /// Counts a failure to read what the agent sent (a disconnect too, unless the
+    /// agent had sent its final batch: then going away is how it ends), and words
+    /// it for the agent ([`from_agent`]).
     fn refused(&self, status: Status) -> Status {
-        if let Some(reason) = Refusal::of_read_error(status.code()) {
-            self.counters.refuse(reason);
+        match read_refusal(&status) {
+            Some(Refusal::Disconnected) if self.finished => {}
+            Some(reason) => self.counters.refuse(reason),
+            None => {}
         }
         from_agent(status)
     }
@@ -388,10 +401,12 @@ impl StreamTask {
         let ack = CollectorMessage {
             kind: Some(CollectorKind::Ack(Ack { durable_seq })),
         };
-        self.tx
-            .send(Ok(ack))
-            .await
-            .map_err(|_| Status::cancelled("agent went away"))
+        self.tx.send(Ok(ack)).await.map_err(|_| {
+            ReadEnd::Disconnected.status(
+                tonic::Code::Cancelled,
+                "the agent went away: its stream is closed".into(),
+            )
+        })
     }
 
     /// After the agent's last batch: forwards acks until all of it is durable or

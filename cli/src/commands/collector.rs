@@ -50,12 +50,18 @@ pub struct Args {
     #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
     /// Bound on the collector's resident memory, in bytes: 112 MiB reserved, an
-    /// eighth for batches being decoded, what the open streams take (about 290 KiB
+    /// eighth for messages arriving and batches being decoded (without room a
+    /// stream is not read), what the open streams take (about 290 KiB
     /// each) and the rest for rows buffered or being committed; past it streams
     /// wait. The rows always get a sixteenth: past about 1,080 streams per 512 MiB
     /// the collector warns and may pass the bound. At least 268435456 (256 MiB).
     #[arg(long, alias = "max-pending-bytes", default_value_t = CollectorConfig::DEFAULT_MAX_MEMORY_BYTES)]
     pub max_memory_bytes: usize,
+    /// How long a message may take from its first byte to its last; past it the
+    /// stream ends (DEADLINE_EXCEEDED), freeing what it held, and the agent
+    /// resends on a new one.
+    #[arg(long, default_value_t = duration_arg::Arg(CollectorConfig::DEFAULT_MESSAGE_TIMEOUT), value_parser = duration_arg::parse_arg)]
+    pub message_timeout: duration_arg::Arg,
     /// How long a disconnected rank may stay away before it is recorded as vanished.
     #[arg(long, default_value_t = duration_arg::Arg(CollectorConfig::DEFAULT_RANK_GRACE), value_parser = duration_arg::parse_arg)]
     pub rank_grace: duration_arg::Arg,
@@ -95,6 +101,7 @@ impl Args {
         config.max_streams = self.max_streams;
         config.max_message_bytes = self.max_message_bytes;
         config.max_memory_bytes = self.max_memory_bytes;
+        config.message_timeout = self.message_timeout.0;
         config.rank_grace = self.rank_grace.0;
         config.min_free_bytes = self.min_free_bytes;
         config.check()?;

@@ -17,6 +17,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -45,6 +46,8 @@ pub struct Figures {
     pub readiness: Readiness,
     pub out: PathBuf,
     pub min_free_bytes: u64,
+    /// `--message-timeout`.
+    pub message_timeout: Duration,
 }
 
 impl Figures {
@@ -187,6 +190,32 @@ impl Collector for Figures {
             "Estimated memory the open streams take (HTTP/2 state, the message held, the read buffer)",
             signed(stats.streams as u64),
         )?;
+        let room = self.intake.room();
+        gauge(
+            &mut e,
+            "decode_room_bytes",
+            "The room for decoding, an eighth of the memory bound: unfinished messages (their declared lengths) and batches being decoded share it; without room a stream is not read",
+            signed(room.bytes() as u64),
+        )?;
+        gauge(
+            &mut e,
+            "decode_room_used_bytes",
+            "Room for decoding held now, by unfinished messages and batches being decoded",
+            signed(room.used_bytes() as u64),
+        )?;
+        gauge(
+            &mut e,
+            "unfinished_message_bytes",
+            "Room held by messages still arriving (their declared lengths)",
+            signed(room.unfinished_bytes() as u64),
+        )?;
+        let timeout = ConstGauge::new(self.message_timeout.as_secs_f64());
+        timeout.encode(e.encode_descriptor(
+            "message_timeout_seconds",
+            "--message-timeout: a message not arrived whole this long after its first byte ends its stream",
+            None,
+            timeout.metric_type(),
+        )?)?;
         gauge(
             &mut e,
             "memory_limit_bytes",
