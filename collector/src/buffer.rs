@@ -19,6 +19,8 @@ pub type RankKey = (String, u32);
 pub struct BatchRecords {
     pub seq: u64,
     pub is_final: bool,
+    /// The gap its agent declares before `seq` (0: none; see `sequence`).
+    pub dropped_from: u64,
     pub tables: Vec<(Table, RecordBatch)>,
 }
 

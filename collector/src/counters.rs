@@ -98,6 +98,11 @@ pub enum Refusal {
     /// A message did not arrive whole within `--message-timeout` of its first
     /// byte (`DEADLINE_EXCEEDED`).
     MessageTimeout,
+    /// Another process's stream holds the rank (`FAILED_PRECONDITION`): two
+    /// processes claim one rank.
+    Claimed,
+    /// A newer stream of the same process took the rank over (`ABORTED`).
+    Superseded,
     /// The agent went away mid-stream: it reset or cancelled the stream, its
     /// connection closed, or it stopped answering keepalive pings. Not counted
     /// once the stream delivered its final batch.
@@ -105,7 +110,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 12] = [
+    pub const ALL: [Refusal; 14] = [
         Refusal::Unauthenticated,
         Refusal::Schema,
         Refusal::Invalid,
@@ -117,6 +122,8 @@ impl Refusal {
         Refusal::BufferFull,
         Refusal::ShuttingDown,
         Refusal::MessageTimeout,
+        Refusal::Claimed,
+        Refusal::Superseded,
         Refusal::Disconnected,
     ];
 
@@ -134,6 +141,8 @@ impl Refusal {
             Refusal::BufferFull => "buffer_full",
             Refusal::ShuttingDown => "shutting_down",
             Refusal::MessageTimeout => "message_timeout",
+            Refusal::Claimed => "claimed",
+            Refusal::Superseded => "superseded",
             Refusal::Disconnected => "disconnected",
         }
     }

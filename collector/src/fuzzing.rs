@@ -170,7 +170,7 @@ fn check_batch(b: DecodedBatch, reference: &Batch) -> Outcome {
     );
     let intake = Intake::new(HashMap::new(), usize::MAX);
     let key = (RUN_ID.to_string(), RANK);
-    match intake.admit(&key, records) {
+    match intake.admit(&key, Default::default(), records) {
         Err(seq) => return Outcome::Refused(seq.to_string()),
         Ok(Admission::Accepted) => {}
         Ok(other) => unreachable!("a first batch into an unbounded buffer: {other:?}"),

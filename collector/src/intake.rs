@@ -9,16 +9,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rankscope_proto::v1::{Batch, Hello, RankRow};
+use arrow::array::RecordBatch;
+use rankscope_proto::Table;
+use rankscope_proto::v1::{Batch, EventRow, Hello, RankRow};
 use tokio::sync::{Notify, watch};
 
 use crate::buffer::{BatchRecords, Pending, RankKey};
 use crate::room::{Room, RoomPermit};
+use crate::sequence::{self, Claim, Claimed, SeqError, Verdict};
 use crate::wire;
-
-/// How far past the highest accepted `seq` a batch may jump before it is refused
-/// as absurd.
-pub const MAX_SEQ_JUMP: u64 = 1_000_000_000;
 
 /// Memory the collector takes whatever it holds: code and runtime, the Parquet
 /// writer's pages of the row group being encoded, and the allocator's slack (freed
@@ -64,19 +63,20 @@ pub enum Admission {
     Full(BatchRecords),
 }
 
-/// A batch refused for its sequence number.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum SeqError {
-    #[error("batch seq must start at 1, got 0")]
-    Zero,
-    #[error("batch seq {seq} jumps more than {MAX_SEQ_JUMP} past the last accepted seq {accepted}")]
-    Absurd { seq: u64, accepted: u64 },
+/// The stream a batch came on, as [`Intake::admit`] judges it: the generation
+/// [`Intake::attach`] gave it, and the seq it sent last (0: none yet).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OnStream {
+    pub generation: u64,
+    pub last_seq: u64,
 }
 
 #[derive(Debug)]
 struct RankState {
     accepted: u64,
     durable: watch::Sender<u64>,
+    /// Which stream may send for the rank.
+    claim: Claim,
     live_streams: u32,
     finished: bool,
     hello: Option<Hello>,
@@ -88,6 +88,7 @@ impl RankState {
         RankState {
             accepted: seq,
             durable: watch::channel(seq).0,
+            claim: Claim::default(),
             live_streams: 0,
             finished: false,
             hello: None,
@@ -239,17 +240,20 @@ impl Intake {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers a stream for `hello`'s rank; returns its durable watermark.
-    pub fn attach(&self, hello: &Hello) -> watch::Receiver<u64> {
+    /// Registers a stream for `hello`'s rank; returns its generation and its durable
+    /// watermark, or the refusal when another process's stream holds the rank
+    /// ([`Claim`]).
+    pub fn attach(&self, hello: &Hello) -> Result<(u64, watch::Receiver<u64>), Claimed> {
         let mut inner = self.lock();
         let state = inner
             .ranks
             .entry((hello.run_id.clone(), hello.rank))
             .or_insert_with(|| RankState::new(0));
+        let generation = state.claim.attach(hello, state.live_streams)?;
         state.live_streams += 1;
         state.gone_since = None;
         state.hello = Some(hello.clone());
-        state.durable.subscribe()
+        Ok((generation, state.durable.subscribe()))
     }
 
     /// Unregisters a stream; `finished` if it delivered its final batch.
@@ -264,24 +268,31 @@ impl Intake {
         }
     }
 
-    /// Deduplicates and buffers one batch of `key`'s rank.
-    pub fn admit(&self, key: &RankKey, batch: BatchRecords) -> Result<Admission, SeqError> {
+    /// Judges one batch of `key`'s rank, sent on `stream` ([`sequence::judge`]),
+    /// and buffers it: a duplicate is dropped, a declared gap is written to
+    /// `events` with the batch.
+    pub fn admit(
+        &self,
+        key: &RankKey,
+        stream: OnStream,
+        mut batch: BatchRecords,
+    ) -> Result<Admission, SeqError> {
         let mut inner = self.lock();
-        let accepted = inner.ranks.get(key).map_or(0, |s| s.accepted);
-        if batch.seq == 0 {
-            return Err(SeqError::Zero);
+        let state = inner.ranks.get(key);
+        if state.is_some_and(|s| !s.claim.current(stream.generation)) {
+            return Err(SeqError::Superseded { rank: key.1 });
         }
-        if batch.seq <= accepted {
+        let accepted = state.map_or(0, |s| s.accepted);
+        let verdict = sequence::judge(batch.seq, batch.dropped_from, accepted, stream.last_seq)?;
+        if verdict == Verdict::Duplicate {
             return Ok(Admission::Duplicate);
-        }
-        if batch.seq - accepted > MAX_SEQ_JUMP {
-            return Err(SeqError::Absurd {
-                seq: batch.seq,
-                accepted,
-            });
         }
         if inner.pending.bytes() + inner.committing >= self.rows_limit(inner.streams) {
             return Ok(Admission::Full(batch));
+        }
+        if let Verdict::Gap { from, to } = verdict {
+            tracing::warn!(run_id = %key.0, rank = key.1, from, to, "batches declared dropped by the agent");
+            batch.tables.extend(gap_rows(key, from, to));
         }
         let seq = batch.seq;
         inner.pending.push_batch(&key.0, key.1, batch);
@@ -371,6 +382,32 @@ impl Intake {
     }
 }
 
+/// The `events` row of a declared gap: batches `from` to `to` of `key`'s rank that
+/// its agent dropped without an acknowledgement.
+fn gap_rows(key: &RankKey, from: u64, to: u64) -> Vec<(Table, RecordBatch)> {
+    let time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64);
+    let count = to - from + 1;
+    let event = EventRow {
+        time,
+        kind: SEQ_GAP.into(),
+        message: format!(
+            "batches {from} to {to} of this rank were dropped by its agent before they were acknowledged (declared in the batch after them); their rows are counted in the agent's rows_dropped events"
+        ),
+        value: Some(i64::try_from(count).unwrap_or(i64::MAX)),
+        step: None,
+    };
+    let batch = Batch {
+        events: vec![event],
+        ..Default::default()
+    };
+    wire::own_rows(&batch, &key.0, key.1)
+}
+
+/// The `events.kind` of a declared seq gap.
+pub const SEQ_GAP: &str = "seq_gap";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,7 +416,16 @@ mod tests {
         BatchRecords {
             seq,
             is_final: false,
+            dropped_from: 0,
             tables: Vec::new(),
+        }
+    }
+
+    /// A stream whose last batch was `last_seq`.
+    fn after(last_seq: u64) -> OnStream {
+        OnStream {
+            generation: 0,
+            last_seq,
         }
     }
 
@@ -387,25 +433,52 @@ mod tests {
     fn duplicates_are_dropped_by_seq() {
         let intake = Intake::new(HashMap::new(), usize::MAX);
         let key = ("run".to_string(), 0);
-        assert_eq!(intake.admit(&key, batch(1)), Ok(Admission::Accepted));
-        assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Accepted));
-        assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Duplicate));
-        assert_eq!(intake.admit(&key, batch(1)), Ok(Admission::Duplicate));
-        assert_eq!(intake.admit(&key, batch(0)), Err(SeqError::Zero));
+        assert_eq!(
+            intake.admit(&key, after(0), batch(1)),
+            Ok(Admission::Accepted)
+        );
+        assert_eq!(
+            intake.admit(&key, after(1), batch(2)),
+            Ok(Admission::Accepted)
+        );
+        // Resent on a new stream: held already.
+        assert_eq!(
+            intake.admit(&key, after(0), batch(2)),
+            Ok(Admission::Duplicate)
+        );
+        assert_eq!(
+            intake.admit(&key, after(0), batch(1)),
+            Ok(Admission::Duplicate)
+        );
+        // Resent on the same stream: refused.
+        assert_eq!(
+            intake.admit(&key, after(2), batch(2)),
+            Err(SeqError::NotIncreasing { seq: 2, last: 2 })
+        );
+        assert_eq!(intake.admit(&key, after(0), batch(0)), Err(SeqError::Zero));
         assert!(matches!(
-            intake.admit(&key, batch(u64::MAX)),
+            intake.admit(&key, after(0), batch(u64::MAX)),
             Err(SeqError::Absurd { .. })
         ));
         let other = ("run".to_string(), 1);
-        assert_eq!(intake.admit(&other, batch(1)), Ok(Admission::Accepted));
+        assert_eq!(
+            intake.admit(&other, after(0), batch(1)),
+            Ok(Admission::Accepted)
+        );
     }
 
     #[test]
     fn recovered_watermarks_drop_resent_batches() {
         let key = ("run".to_string(), 3);
         let intake = Intake::new(HashMap::from([(key.clone(), 5)]), usize::MAX);
-        assert_eq!(intake.admit(&key, batch(5)), Ok(Admission::Duplicate));
-        assert_eq!(intake.admit(&key, batch(6)), Ok(Admission::Accepted));
+        assert_eq!(
+            intake.admit(&key, after(0), batch(5)),
+            Ok(Admission::Duplicate)
+        );
+        assert_eq!(
+            intake.admit(&key, after(5), batch(6)),
+            Ok(Admission::Accepted)
+        );
     }
 
     #[test]
@@ -418,13 +491,22 @@ mod tests {
             ..Default::default()
         };
         b.tables = wire::own_rows(&steps, "run", 0);
-        assert_eq!(intake.admit(&key, b), Ok(Admission::Accepted));
-        assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Full(batch(2))));
+        assert_eq!(intake.admit(&key, after(0), b), Ok(Admission::Accepted));
+        assert_eq!(
+            intake.admit(&key, after(1), batch(2)),
+            Ok(Admission::Full(batch(2)))
+        );
         // The rows of a commit in progress still count against the bound.
         intake.take_pending();
-        assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Full(batch(2))));
+        assert_eq!(
+            intake.admit(&key, after(1), batch(2)),
+            Ok(Admission::Full(batch(2)))
+        );
         intake.committed_pending();
-        assert_eq!(intake.admit(&key, batch(2)), Ok(Admission::Accepted));
+        assert_eq!(
+            intake.admit(&key, after(1), batch(2)),
+            Ok(Admission::Accepted)
+        );
     }
 
     #[test]
@@ -458,7 +540,7 @@ mod tests {
             rank: 1,
             ..Default::default()
         };
-        let mut rx = intake.attach(&hello);
+        let (_, mut rx) = intake.attach(&hello).unwrap();
         intake.mark_durable(&HashMap::from([(("run".to_string(), 1), 4)]));
         rx.changed().await.unwrap();
         assert_eq!(*rx.borrow(), 4);
@@ -472,11 +554,11 @@ mod tests {
             rank: 1,
             ..Default::default()
         };
-        let _rx = intake.attach(&hello);
+        let _rx = intake.attach(&hello).unwrap();
         intake.detach(&("run".into(), 1), false);
         assert_eq!(intake.record_vanished(Duration::ZERO), 1);
         assert_eq!(intake.record_vanished(Duration::ZERO), 0);
-        let _rx = intake.attach(&hello);
+        let _rx = intake.attach(&hello).unwrap();
         intake.detach(&("run".into(), 1), true);
         assert_eq!(intake.record_vanished(Duration::ZERO), 0);
     }

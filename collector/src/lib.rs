@@ -14,6 +14,9 @@
 //!   builders;
 //! - [`service`]: the gRPC service, one task per rank stream;
 //! - [`intake`]: accepted rows and the per-(run, rank) sequence watermarks (dedup);
+//! - [`sequence`]: the rules that make an acknowledged seq a stored one (seqs
+//!   increase within a stream, a gap is taken only when the agent declares it, one
+//!   process per rank), which `intake` applies;
 //! - [`room`]: the room for decoding, which unfinished messages and batches being
 //!   decoded share;
 //! - [`buffer`]: rows waiting for the next commit, grouped by (table, run);
@@ -48,6 +51,7 @@ pub mod intake;
 pub mod ops;
 pub mod phase;
 pub mod room;
+pub mod sequence;
 pub mod service;
 pub mod space;
 pub mod store;

@@ -26,8 +26,9 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::buffer::RankKey;
 use crate::counters::{BatchRows, Refusal, StreamCounters};
 use crate::grpc::{ReadEnd, StreamService, Undecoded};
-use crate::intake::{self, Admission, Intake};
+use crate::intake::{self, Admission, Intake, OnStream};
 use crate::phase::{Phase, until};
+use crate::sequence::SeqError;
 use crate::space::SpaceGuard;
 use crate::validate::{self, Invalid};
 use crate::wire::{DecodedBatch, Message};
@@ -211,8 +212,15 @@ impl StreamService for CollectorService {
             tracing::warn!(error = %invalid, "refused stream");
             return Err(refuse(invalid));
         }
+        let (generation, durable) = match self.intake.attach(&hello) {
+            Ok(attached) => attached,
+            Err(claimed) => {
+                self.counters.refuse(Refusal::Claimed);
+                tracing::warn!(error = %claimed, "refused stream");
+                return Err(Status::failed_precondition(claimed.to_string()));
+            }
+        };
         self.counters.streams.fetch_add(1, Ordering::Relaxed);
-        let durable = self.intake.attach(&hello);
         let (tx, rx) = mpsc::channel(16);
         let welcome = CollectorMessage {
             kind: Some(CollectorKind::Welcome(Welcome {
@@ -233,6 +241,7 @@ impl StreamService for CollectorService {
             durable,
             phase: self.phase.clone(),
             memory,
+            generation,
             last_seq: 0,
             finished: false,
         };
@@ -255,6 +264,9 @@ struct StreamTask {
     durable: watch::Receiver<u64>,
     phase: watch::Receiver<Phase>,
     memory: StreamMemory,
+    /// The generation `Intake::attach` gave this stream (a newer stream of the same
+    /// process takes the rank over).
+    generation: u64,
     /// Highest seq this stream delivered (accepted or duplicate).
     last_seq: u64,
     finished: bool,
@@ -361,10 +373,23 @@ impl StreamTask {
         let mut waited = Duration::ZERO;
         let mut batch = batch.finish(&self.key.0, self.key.1);
         loop {
-            let admission = self.intake.admit(&self.key, batch).map_err(|e| {
-                self.counters.refuse(Refusal::Invalid);
-                Status::invalid_argument(e.to_string())
-            })?;
+            let stream = OnStream {
+                generation: self.generation,
+                last_seq: self.last_seq,
+            };
+            let admission = self
+                .intake
+                .admit(&self.key, stream, batch)
+                .map_err(|e| match e {
+                    SeqError::Superseded { .. } => {
+                        self.counters.refuse(Refusal::Superseded);
+                        Status::aborted(e.to_string())
+                    }
+                    _ => {
+                        self.counters.refuse(Refusal::Invalid);
+                        Status::invalid_argument(e.to_string())
+                    }
+                })?;
             match admission {
                 Admission::Accepted => {
                     self.counters.batches.fetch_add(1, Ordering::Relaxed);

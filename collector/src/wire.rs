@@ -90,6 +90,8 @@ pub enum Message {
 pub struct DecodedBatch {
     pub seq: u64,
     pub is_final: bool,
+    /// The gap the agent declares before `seq` (`Batch.dropped_from`; 0: none).
+    pub dropped_from: u64,
     /// Boxed: a batch moves between tasks, most of its slots empty.
     tables: [Option<Box<TableBuilder>>; Table::ALL.len()],
 }
@@ -128,6 +130,7 @@ impl DecodedBatch {
         BatchRecords {
             seq,
             is_final: self.is_final,
+            dropped_from: self.dropped_from,
             tables,
         }
     }
@@ -146,6 +149,10 @@ impl DecodedBatch {
                 (2, _) => {
                     expect_wire(wire, 0)?;
                     self.is_final = varint(&mut buf)? != 0;
+                }
+                (9, _) => {
+                    expect_wire(wire, 0)?;
+                    self.dropped_from = varint(&mut buf)?;
                 }
                 (_, Some(table)) => {
                     expect_wire(wire, 2)?;

@@ -45,9 +45,14 @@ async fn below_min_free_bytes_batches_are_refused_until_there_is_room() {
     let (mut stream, durable) = open(&collector.addr, hello("floor", 0)).await.unwrap();
     assert_eq!(durable, 0);
     stream.send(batch(1, 7, false)).await;
-    stream.send(batch(1, 7, false)).await;
     assert_eq!(stream.acked(1).await, 1);
     drop(stream);
+    // Resent once more after a reconnect: acknowledged, not stored twice.
+    let (mut again, durable) = open(&collector.addr, hello("floor", 0)).await.unwrap();
+    assert_eq!(durable, 1);
+    again.send(batch(1, 7, false)).await;
+    assert_eq!(again.acked(1).await, 1);
+    drop(again);
     assert!(collector.stop());
     assert_eq!(count(&out, "steps", "run_id = 'floor'"), 7);
 }
@@ -167,9 +172,10 @@ async fn a_full_disk_fails_commits_cleanly_and_loses_nothing() {
     }
     assert!(collector.alive());
     eprintln!("disk full after {acked} of {sent} batches were acknowledged");
-    let (other, durable) = open(&collector.addr, hello("full", 0)).await.unwrap();
+    // The agent reconnects (its process's new stream takes over the old one).
+    drop(stream);
+    let (mut stream, durable) = open(&collector.addr, hello("full", 0)).await.unwrap();
     assert_eq!(durable, acked, "the Welcome carries what is durable");
-    drop(other);
 
     // Nothing partial is visible: every globbed file is a whole Parquet file,
     // holding exactly the acknowledged rows.

@@ -70,7 +70,8 @@ impl Rng {
 fn random_batch(rng: &mut Rng) -> Batch {
     let n = |rng: &mut Rng| rng.below(4) as usize;
     let mut b = Batch {
-        seq: rng.below(5),
+        // 0 (refused) or 1: a first batch of its rank may not skip seqs.
+        seq: rng.below(2),
         r#final: rng.chance(2),
         ..Default::default()
     };
@@ -332,7 +333,7 @@ fn unknown_fields_are_skipped_and_broken_ones_refused() {
         vec![7],
     ]
     .concat();
-    let bytes = len_field(2, &[key(9, 1), vec![0; 8], len_field(3, &row)].concat());
+    let bytes = len_field(2, &[key(15, 1), vec![0; 8], len_field(3, &row)].concat());
     assert!(agrees(&bytes));
     assert_eq!(decoded(&bytes).rows(Table::Steps), 1);
     let broken: [&[u8]; 10] = [
