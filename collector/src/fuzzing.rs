@@ -270,6 +270,12 @@ pub fn reference_records(batch: &Batch, run_id: &str, rank: u32) -> Vec<(Table, 
                 cols.u32(rows, |r| r.cum_energy_90);
                 cols.f32(rows, |r| r.nuclear_norm_ratio);
                 cols.f32(rows, |r| r.effective_rank);
+                cols.f32(rows, |r| r.stable_rank_err);
+                cols.f32(rows, |r| r.participation_ratio_err);
+                cols.f32(rows, |r| r.participation_ratio_sv_err);
+                cols.f32(rows, |r| r.cum_energy_90_err);
+                cols.f32(rows, |r| r.nuclear_norm_ratio_err);
+                cols.f32(rows, |r| r.effective_rank_err);
                 cols.f32(rows, |r| r.mean);
                 cols.f32(rows, |r| r.std);
                 cols.f32(rows, |r| r.zero_fraction);

@@ -194,6 +194,12 @@ const LAYERS: &[Column] = &[
     opt("cum_energy_90", 10, U32),
     opt("nuclear_norm_ratio", 11, F32),
     opt("effective_rank", 12, F32),
+    opt("stable_rank_err", 20, F32),
+    opt("participation_ratio_err", 21, F32),
+    opt("participation_ratio_sv_err", 22, F32),
+    opt("cum_energy_90_err", 23, F32),
+    opt("nuclear_norm_ratio_err", 24, F32),
+    opt("effective_rank_err", 25, F32),
     opt("mean", 13, F32),
     opt("std", 14, F32),
     opt("zero_fraction", 15, F32),
@@ -248,7 +254,7 @@ pub const CHECK_ORDER: [Table; 6] = [
 ];
 
 /// One past the highest field number of any row message.
-pub const MAX_FIELD: usize = 20;
+pub const MAX_FIELD: usize = 26;
 
 /// An upper bound of the Arrow memory one decoded row takes, string contents
 /// aside (the message's size bounds those): the largest table's columns, and

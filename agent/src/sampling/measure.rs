@@ -8,8 +8,9 @@
 //! this. The spectrum is [`Method::Exact`] ([`super::exact`]: eigenvalues of the Gram
 //! matrix of the smaller side) or, for matrices with at least
 //! [`SpectrumOptions::sketch_threshold`] rows and columns, [`Method::Sketch`]
-//! ([`super::sketch`]: randomized block Krylov estimates, whose errors `docs/metrics.md`
-//! states).
+//! ([`super::sketch`]: randomized block Krylov estimates, each with its own error
+//! estimate), or [`Method::Fallback`] where the sketch cannot vouch for a value within the
+//! bound `docs/metrics.md` states.
 //! [`LayerMetrics::into_layer_row`] is the one place the metrics become a `layers` row.
 
 use rankscope_proto::v1::LayerRow;
@@ -17,10 +18,10 @@ use tch::{Kind, TchError, Tensor};
 
 use super::exact::exact_spectral;
 use super::health::health;
-use super::options::{MatrixOptions, Method, SpectrumOptions};
+use super::options::{MatrixOptions, Method, SketchPolicy, SpectrumOptions, Unvouched};
 use super::prepare::{Sample, prepare};
 use super::sketch::sketch_spectral;
-use super::spectral::{Spectral, to_host};
+use super::spectral::{Spectral, SpectralErrors, to_host};
 
 /// Everything one layers row needs besides identity and timing.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -33,10 +34,13 @@ pub struct LayerMetrics {
     pub centered: bool,
     /// `"channelwise"` or `"flatten"` for a 4-D activation, `""` otherwise.
     pub conv_layout: &'static str,
-    /// `"exact"` or `"sketch"`: what computed the spectral columns; `""` when they are null.
+    /// `"exact"`, `"sketch"` or `"fallback"`: what computed the spectral columns; `""` when
+    /// they are null.
     pub method: &'static str,
     /// The six spectral columns.
     pub spectral: Spectral,
+    /// The sketch's error estimates of the six (`None` unless `method` is `"sketch"`).
+    pub errors: SpectralErrors,
     pub mean: Option<f64>,
     /// Population standard deviation.
     pub std: Option<f64>,
@@ -50,6 +54,17 @@ pub struct LayerMetrics {
 /// centring, with the spectrum method `spectrum` picks. Never panics: a libtorch failure
 /// (which valid input does not cause) is logged and leaves the columns it prevented at `None`.
 pub fn measure(sample: &Sample, centered: bool, spectrum: &SpectrumOptions) -> LayerMetrics {
+    measure_with(sample, centered, spectrum, &SketchPolicy::default())
+}
+
+/// [`measure`], with the sketch run by `policy` instead of the agent's (its CPU time for
+/// some columns alone, or nulls instead of the exact path where it cannot vouch).
+pub fn measure_with(
+    sample: &Sample,
+    centered: bool,
+    spectrum: &SpectrumOptions,
+    policy: &SketchPolicy,
+) -> LayerMetrics {
     let _guard = tch::no_grad_guard();
     let mut metrics = LayerMetrics {
         centered,
@@ -60,11 +75,13 @@ pub fn measure(sample: &Sample, centered: bool, spectrum: &SpectrumOptions) -> L
         &sample.matrix,
         centered,
         spectrum,
+        policy,
         sample.seed,
         &mut metrics,
     ) {
         tracing::warn!(%error, "activation metrics failed");
         metrics.spectral = Spectral::default();
+        metrics.errors = SpectralErrors::default();
         metrics.method = "";
     }
     metrics
@@ -98,6 +115,7 @@ impl LayerMetrics {
             nuclear_norm_ratio,
             effective_rank,
         } = self.spectral;
+        let errors = self.errors;
         LayerRow {
             step,
             time,
@@ -118,6 +136,12 @@ impl LayerMetrics {
             compute_ms,
             conv_layout: self.conv_layout.to_string(),
             method: self.method.to_string(),
+            stable_rank_err: errors.stable_rank,
+            participation_ratio_err: errors.participation_ratio,
+            participation_ratio_sv_err: errors.participation_ratio_sv,
+            cum_energy_90_err: errors.cum_energy_90,
+            nuclear_norm_ratio_err: errors.nuclear_norm_ratio,
+            effective_rank_err: errors.effective_rank,
         }
     }
 }
@@ -126,6 +150,7 @@ fn measure_matrix(
     matrix: &Tensor,
     centered: bool,
     spectrum: &SpectrumOptions,
+    policy: &SketchPolicy,
     seed: u64,
     out: &mut LayerMetrics,
 ) -> Result<(), TchError> {
@@ -147,19 +172,27 @@ fn measure_matrix(
         return Ok(());
     };
 
-    let method = spectrum.method(n, d);
+    let mut method = spectrum.method(n, d);
     out.spectral = match method {
-        Method::Exact => exact_spectral(matrix, centered)?,
         Method::Sketch => {
             let a = matrix.f_to_kind(Kind::Float)?;
-            if centered {
+            let sketch = if centered {
                 let a = a.f_sub(&a.f_mean_dim(0i64, true, Kind::Float)?)?;
                 let trace = to_host(&a.f_norm()?.f_square()?.f_reshape([1])?)?[0];
-                sketch_spectral(&a, trace, seed)?
+                sketch_spectral(&a, trace, seed, policy.goal)?
             } else {
-                sketch_spectral(&a, sum_sq, seed)?
+                sketch_spectral(&a, sum_sq, seed, policy.goal)?
+            };
+            if sketch.vouched || policy.unvouched == Unvouched::Null {
+                out.errors = sketch.errors;
+                sketch.spectral
+            } else {
+                // A value the sketch cannot vouch for: the exact path measures the sample.
+                method = Method::Fallback;
+                exact_spectral(matrix, centered)?
             }
         }
+        Method::Exact | Method::Fallback => exact_spectral(matrix, centered)?,
     };
     out.method = method.label();
     Ok(())

@@ -6,7 +6,8 @@
 //! - [`measure`]: a sample → its `layers` metrics ([`compute`]: both steps), using
 //!   - `health`: `mean`, `std`, `zero_fraction`, `nonfinite`;
 //!   - `exact`: the float64 Gram eigen-solve;
-//!   - [`sketch`]: randomized block Krylov estimates for large matrices;
+//!   - [`sketch`]: randomized block Krylov estimates for large matrices, each with its
+//!     own error estimate;
 //!   - [`spectral`]: the six spectral columns from eigenvalues, and the seeded random
 //!     source both spectrum methods use;
 //! - [`worker`]: the metrics thread that runs [`measure`] on queued samples;
@@ -32,8 +33,10 @@ pub mod worker;
 #[cfg(test)]
 mod tests;
 
-pub use measure::{LayerMetrics, compute, measure};
-pub use options::{ConvLayout, MatrixOptions, Method, SpectrumMode, SpectrumOptions};
+pub use measure::{LayerMetrics, compute, measure, measure_with};
+pub use options::{
+    ConvLayout, MatrixOptions, Method, SketchPolicy, SpectrumMode, SpectrumOptions, Unvouched,
+};
 pub use prepare::{Sample, prepare, sample_rows, sample_seed, to_matrix};
-pub use sketch::SKETCH_MIN_SIDE;
-pub use spectral::{Spectral, spectral};
+pub use sketch::{SKETCH_BOUNDS, SKETCH_MIN_SIDE, SketchGoal};
+pub use spectral::{Spectral, SpectralErrors, spectral};

@@ -1,9 +1,9 @@
 //! The options of the metrics pipeline: how an activation becomes a matrix
 //! ([`ConvLayout`], [`MatrixOptions`]) and which computation gives its spectrum
-//! ([`SpectrumOptions`], [`Method`]). Plain values; it imports only the sketch's size
-//! floor and the configured [`SpectrumMode`].
+//! ([`SpectrumOptions`], [`Method`], [`SketchPolicy`]). Plain values; it imports only the
+//! sketch's size floor and goals, and the configured [`SpectrumMode`].
 
-use super::sketch::SKETCH_MIN_SIDE;
+use super::sketch::{SKETCH_MIN_SIDE, SketchGoal};
 pub use crate::config::SpectrumMode;
 
 /// How a 4-D (B, C, H, W) activation becomes a matrix.
@@ -70,8 +70,12 @@ impl Default for SpectrumOptions {
 pub enum Method {
     /// The Gram matrix of the smaller side and a symmetric eigen-solve, in float64.
     Exact,
-    /// Randomized block Krylov in float32 ([`super::sketch::sketch_spectral`]).
+    /// Randomized block Krylov in float32 ([`super::sketch::sketch_spectral`]), every
+    /// stored value within its stated bound by the sketch's own error estimate.
     Sketch,
+    /// The sketch ran but could not vouch for a value within its bound, and the exact path
+    /// measured the sample ([`SpectrumOptions::method`] never chooses it).
+    Fallback,
 }
 
 impl Method {
@@ -80,6 +84,7 @@ impl Method {
         match self {
             Method::Exact => "exact",
             Method::Sketch => "sketch",
+            Method::Fallback => "fallback",
         }
     }
 }
@@ -97,4 +102,25 @@ impl SpectrumOptions {
             SpectrumMode::Auto => Method::Exact,
         }
     }
+}
+
+/// What [`super::measure::measure_with`] does with a sample the sketch cannot vouch for
+/// (an error estimate above its stated bound, `docs/metrics.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unvouched {
+    /// Measure it with the exact path (`method` = `fallback`): what the agent does. Its
+    /// CPU time is the metrics thread's, which the overhead budget counts.
+    #[default]
+    Exact,
+    /// Store the values the sketch vouches for and null the others, whose error estimates
+    /// stay in the `_err` columns as the marker.
+    Null,
+}
+
+/// How the sketch runs: which columns decide its depth, and what happens where it cannot
+/// vouch for them. The default is the agent's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SketchPolicy {
+    pub goal: SketchGoal,
+    pub unvouched: Unvouched,
 }

@@ -1,246 +1,693 @@
 //! The sketch: the six spectral columns of a large matrix from a randomized block Krylov
 //! space, in float32 on the matrix's own device, instead of the exact float64 Gram and
-//! eigen-solve. `docs/metrics.md` ("Sketch mode") states the method, the measured errors and
-//! the bounds that this module's tests hold it to. [`super::measure`] chooses the method
-//! ([`super::options::SpectrumOptions::method`]) and computes the health sums and the Σλ
-//! that the sketch takes as given.
+//! eigen-solve, each with an estimate of its own error ([`SpectralErrors`]).
+//! `docs/metrics.md` ("Sketch mode") states the method, the estimates, the bounds and why
+//! they hold. [`super::measure`] chooses the method
+//! ([`super::options::SpectrumOptions::method`]), computes the Σλ that the sketch takes as
+//! given, and falls back to the exact path for a sample the sketch cannot vouch for.
 
-use tch::{Kind, TchError, Tensor};
+use tch::{Device, Kind, TchError, Tensor};
 
-use super::spectral::{CUM_ENERGY_REL_TOL, Spectral, SplitMix64, gaussian, to_host};
+use super::spectral::{
+    CUM_ENERGY_REL_TOL, Spectral, SpectralErrors, SplitMix64, gaussian, to_host,
+};
 
 /// Below this many rows or columns the sketch would span most of the space, and the exact
 /// path is cheap: `sketch` mode measures such a matrix exactly (and says so in `method`).
 pub const SKETCH_MIN_SIDE: i64 = 512;
-/// Gaussian start vectors of the block Krylov space (b). A product's CPU time grows less than
-/// its width (one thread, 2,048 × 4,096: 15 ms for 16 columns, 21 ms for 32), and λ₁ needs
-/// depth more than width, so the space is narrow and deep.
+/// Gaussian start vectors of the block Krylov space (b): also the probes of the quadrature
+/// and of the bound on λ₁. A product's CPU time grows less than its width (one thread,
+/// 2,048 × 4,096: 15 ms for 16 columns, 21 ms for 32), and λ₁ needs depth more than width,
+/// so the space is narrow and deep.
 const SKETCH_BLOCK: i64 = 16;
-/// Block Krylov steps after the first block (q): the space has b·(q + 1) = 112 vectors.
-const SKETCH_STEPS: usize = 6;
-/// Rademacher probes for the part of Σλ² outside the Krylov space (m). 16 left
-/// `participation_ratio` up to 1.6 % off, too close to its 2 % bound.
+/// Krylov depths (block steps after the first) at which the estimates are checked, in
+/// order: the space grows to the next one only while a column the sketch is asked for has
+/// an error estimate above its bound. 6 steps (112 vectors) vouch for most spectra with a
+/// clear top; 10 (176) for flat ones and moderate power laws; 15 (256) for steep ones.
+const SKETCH_SCHEDULE: [usize; 3] = [6, 10, 15];
+/// Rademacher probes for the part of Σλ² outside the Krylov space (m).
 const SKETCH_PROBES: i64 = 32;
 /// A Ritz pair whose residual ‖G·v − θ·v‖ is at most this fraction of θ counts as an
 /// eigenpair (weight 1 in the trace estimates).
 const SKETCH_CONVERGED: f64 = 1e-3;
-/// The Gauss–Radau rule's share in the estimates of Σσ and Σ σ ln σ (the Gauss rule has the
-/// rest). For √λ the Gauss rule errs high and the Radau rule with a node at 0 errs low;
-/// this share, measured on the spectra of `docs/metrics.md`, brings the steep power law's
-/// `effective_rank` from 20 % to within 5 % at 2,048 × 4,096 without moving the others out.
-const SKETCH_RADAU_SHARE: f64 = 0.3;
 /// A new block is orthogonalized a second time when its smallest QR pivot is at most this
-/// fraction of the product it came from (see [`sketch_spectral`]).
+/// fraction of the product it came from.
 const SKETCH_REORTHOGONALIZE: f64 = 1e-2;
 /// Ritz values below this fraction of the largest are left out of the second estimate of
 /// λ₁, whose projected matrix divides by them.
 const SKETCH_PENCIL_FLOOR: f64 = 1e-6;
+/// The probability that the bound on λ₁ fails: that the b Gaussian start vectors all but
+/// miss λ₁'s eigenvector.
+pub const SKETCH_FAILURE: f64 = 1e-6;
+/// The lower [`SKETCH_FAILURE`] quantile of χ² with [`SKETCH_BLOCK`] degrees of freedom: with
+/// that probability ‖Q₀ᵀu‖² · r falls below it for a fixed unit vector u and the start block
+/// Q₀ (the regularized lower incomplete gamma P(8, x/2) = 10⁻⁶ at x = 1.4507).
+const CHI2_BLOCK_QUANTILE: f64 = 1.4507;
+/// Standard errors in the sampling part of an error estimate (the probes' spread).
+pub const SKETCH_Z: f64 = 4.0;
+/// The float32 products' rounding, relative to λ₁, allowed for in the residuals that
+/// bound λ₁ (measured: about 10⁻⁶ at 2,048 × 4,096).
+const SKETCH_ROUNDING: f64 = 1e-5;
+/// No error estimate is below this (float32 products and accumulation).
+const SKETCH_ERROR_FLOOR: f64 = 1e-4;
+/// Below this share of Σλ outside the converged Ritz pairs, the space holds the whole
+/// spectrum and the quadrature is exact.
+const SKETCH_EXHAUSTED: f64 = 1e-6;
+
+/// The bound `docs/metrics.md` states for each column, in [`Spectral::named`] order. A
+/// sketched value whose error estimate exceeds its bound is not stored as such.
+pub const SKETCH_BOUNDS: [(&str, f64); 6] = [
+    ("stable_rank", 0.02),
+    ("participation_ratio", 0.02),
+    ("effective_rank", 0.05),
+    ("participation_ratio_sv", 0.10),
+    ("nuclear_norm_ratio", 0.05),
+    ("cum_energy_90", 0.15),
+];
+
+/// Which columns decide how deep the sketch goes (and whether it vouches for the sample).
+/// `cum_energy_90` never does: a count the sketch cannot vouch for is left out (null).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SketchGoal {
+    /// Every column but `cum_energy_90`: what the agent stores.
+    #[default]
+    AllColumns,
+    /// `stable_rank` and `participation_ratio` alone (the benchmark's CPU time for them).
+    StableRankAndParticipation,
+}
+
+impl SketchGoal {
+    /// Whether the column at `index` of [`SKETCH_BOUNDS`] decides.
+    fn drives(self, index: usize) -> bool {
+        match self {
+            SketchGoal::AllColumns => index < 5,
+            SketchGoal::StableRankAndParticipation => index < 2,
+        }
+    }
+}
+
+/// What the sketch measured: the columns, their error estimates, and whether every column
+/// its goal names is within its bound. A column over its bound is `None` in `spectral`
+/// (its estimate stays in `errors`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sketch {
+    pub spectral: Spectral,
+    pub errors: SpectralErrors,
+    pub vouched: bool,
+    /// Krylov block steps after the first that ran (a [`SKETCH_SCHEDULE`] depth).
+    pub steps: usize,
+}
 
 /// The six spectral columns of a float32 matrix `x` (n × d, finite, not empty) whose
-/// squared Frobenius norm is `trace`, by a randomized block Krylov method, in float32 on
-/// `x`'s device. With G the Gram matrix of the smaller side (r × r, r = min(n, d)),
-/// applied as A·(Aᵀ·V) and never formed:
+/// squared Frobenius norm is `trace`, with their error estimates, by a randomized block
+/// Krylov method in float32 on `x`'s device. With G the Gram matrix of the smaller side
+/// (r × r, r = min(n, d)), applied as A·(Aᵀ·V) and never formed, and everything in units of
+/// G / Σλ (eigenvalues summing to 1):
 ///
-/// - Σλ = `trace` = ‖x‖²_F, computed exactly in float64 by the caller; the products are
-///   divided by it (G / Σλ has eigenvalues summing to 1), so float32 neither overflows nor
-///   underflows whatever the activations' scale.
-/// - A block Krylov space K = span{Ω, GΩ, …, G^q Ω} from b Gaussian vectors Ω,
-///   orthonormal (block Gram–Schmidt twice, then QR, and all of it again where the
-///   projection removed most of a block), with Aᵀ·K and G·K kept from the
-///   products that built it. Rayleigh–Ritz on K gives Ritz values θⱼ from
-///   T = Kᵀ·G·K = (AᵀK)ᵀ(AᵀK), formed in float64.
-/// - λ₁ is the larger of θ₁ and the top eigenvalue of the pencil (Kᵀ·G²·K, Kᵀ·G·K): the
-///   Rayleigh quotient of AᵀA on the space Aᵀ·K, which reaches one degree higher in G for
-///   free (G·K is known). Both are Rayleigh quotients, so λ₁ is never overestimated.
-/// - Σλ² = ‖G·K‖²_F + ‖G·(I − P)·Z‖²_F / m: exact inside K, Hutchinson with m Rademacher
-///   probes Z outside it (P projects on K); the products G·Z ride along with the first block.
-/// - Σσ and Σ σ ln σ: block quadrature from the same space. The Gauss rule has nodes θⱼ and
-///   weights (r / b)·‖Q₀ᵀ·vⱼ‖² (vⱼ the Ritz vector, Q₀ the first block; 1 on average, r
-///   in all), except that a converged Ritz pair (residual ≤ 10⁻³·θ) counts once. The Gauss–Radau rule adds a node at 0: T
-///   bordered by the block of the last product's residual, whose last diagonal block makes 0
-///   an eigenvalue. For √λ the two rules bracket the probes' value; the estimate mixes them.
+/// - A block Krylov space K = span{Q₀, GQ₀, …, G^q Q₀} from b orthonormalized Gaussian
+///   vectors Q₀, grown along [`SKETCH_SCHEDULE`] while an estimate the goal needs exceeds
+///   its bound. T = KᵀGK (from Aᵀ·K, in float64) gives Ritz pairs (θⱼ, K·yⱼ).
+/// - λ₁ ≥ θ̂ = the larger of θ₁ and the top of the pencil (Kᵀ·G²·K, Kᵀ·G·K), both Rayleigh
+///   quotients. Its bound: for an eigenpair (λ, u), Kᵀu = (λ − T)⁻¹ (GK − KT)ᵀ u, so the
+///   start block's share of u, ‖Q₀ᵀu‖², is at most ‖E₀ᵀ(λ − T)⁻¹ (GK − KT)ᵀ‖², which falls
+///   fast as λ moves above θ̂; and ‖Q₀ᵀu₁‖² is at least a χ² quantile over r except with
+///   probability [`SKETCH_FAILURE`]. The largest λ that allows it bounds λ₁.
+/// - Σλ² = ‖G·K‖²_F + ‖G·(I − P)‖²_F, the second by Hutchinson's estimator with m
+///   Rademacher probes Z, its known-mean companion Zᵀ(I − P)G(I − P)Z (mean 1 − tr T) as a
+///   control variate; the error estimate is [`SKETCH_Z`] standard errors.
+/// - Σσ and Σ σ ln σ: the converged Ritz pairs once each, and the rest by the block Gauss
+///   rule (nodes θⱼ, weights r·‖(yⱼ)₀‖² per probe) and the block Gauss–Radau rule with a node
+///   at 0, which bound each probe's value from above and below; a control variate on the
+///   exactly known energy outside the converged pairs. The estimate is the geometric middle
+///   of the two rules, its error half their spread plus [`SKETCH_Z`] jackknife standard
+///   errors over the b probes.
+/// - `cum_energy_90`: the Gauss nodes counted to 0.9·Σλ (exact where the count ends among
+///   converged pairs), its error the weight of the node where it ends plus the jackknife
+///   term.
 ///
-/// Costs 2(q + 1) passes over x (the first with b + m columns, the others with b) and
-/// small dense algebra; its errors are measured in `docs/metrics.md`.
-pub fn sketch_spectral(x: &Tensor, trace: f64, seed: u64) -> Result<Spectral, TchError> {
-    let (n, d) = match x.size().as_slice() {
-        &[n, d] => (n, d),
-        _ => return Ok(Spectral::default()),
-    };
-    if trace == 0.0 {
-        return Ok(Spectral::zero());
+/// Costs 2(q + 1) passes over x (the first with b + m columns, the others with b) and small
+/// dense algebra per checked depth.
+pub fn sketch_spectral(
+    x: &Tensor,
+    trace: f64,
+    seed: u64,
+    goal: SketchGoal,
+) -> Result<Sketch, TchError> {
+    if x.dim() != 2 {
+        return Ok(unmeasured(0));
     }
-    let device = x.device();
-    let x = x.f_to_kind(Kind::Float)?;
-    let r = n.min(d);
-    // With a the r × c orientation of x (r ≤ c, so G = a·aᵀ is the smaller Gram matrix),
-    // (aᵀ·v, G·v), both divided by ‖x‖_F: the sketch works on G / Σλ, whose eigenvalues sum
-    // to 1, so that float32 neither overflows for large activations nor underflows for tiny
-    // ones (every column is scale-free); the two scalings touch only the thin results.
-    // aᵀ·v is kept for the Rayleigh quotients, whose rounding it makes quadratic (G's null
-    // directions get Ritz values of order ε², not ε). x stays as it is stored, never copied,
-    // and each product takes it in the layout the BLAS reads fastest: a transposed x as the
-    // left factor cost about 16 % more CPU per product, on one thread at 2,048 × 4,096.
-    let inverse_norm = 1.0 / trace.sqrt();
-    let gram_times = |v: &Tensor| -> Result<(Tensor, Tensor), TchError> {
-        if n <= d {
+    if trace == 0.0 {
+        return Ok(Sketch {
+            spectral: Spectral::zero(),
+            errors: SpectralErrors::default(),
+            vouched: true,
+            steps: 0,
+        });
+    }
+    let mut krylov = Krylov::start(x, trace, seed)?;
+    let mut known = None;
+    let mut stage = None;
+    for steps in SKETCH_SCHEDULE {
+        krylov.extend(steps)?;
+        let found = krylov.analyse(goal, known)?;
+        known = found.known.filter(|_| found.stable_rank_vouched);
+        let done = found.sketch.vouched;
+        stage = Some(found.sketch);
+        if done {
+            break;
+        }
+    }
+    Ok(stage.unwrap_or_else(|| unmeasured(krylov.steps)))
+}
+
+/// No spectrum, and nothing vouched for (the caller measures exactly).
+fn unmeasured(steps: usize) -> Sketch {
+    Sketch {
+        spectral: Spectral::default(),
+        errors: SpectralErrors::default(),
+        vouched: false,
+        steps,
+    }
+}
+
+/// The growing Krylov space of one matrix and what the estimates need from it.
+struct Krylov {
+    x: Tensor,
+    n: i64,
+    d: i64,
+    r: i64,
+    inverse_norm: f64,
+    /// K: r × k, orthonormal columns, the start block Q₀ first.
+    basis: Tensor,
+    /// Per block V: aᵀ·V (c × b) and G·V (r × b), float32, and their float64 copies.
+    halves: Vec<Tensor>,
+    halves64: Vec<Tensor>,
+    products: Vec<Tensor>,
+    products64: Vec<Tensor>,
+    /// T = KᵀGK = (aᵀK)ᵀ(aᵀK) and (GK)ᵀ(GK), float64, grown a block at a time.
+    projected: Tensor,
+    squares: Tensor,
+    /// (I − P)·G·V for the last block V: the next block, and the border of the Radau rule.
+    residual: Tensor,
+    /// The Rademacher probes Z and G·Z.
+    z: Tensor,
+    gz: Tensor,
+    /// Block steps after the first so far.
+    steps: usize,
+}
+
+/// One checked depth: the sketch's result, and its λ₁ estimate and bound for the next.
+struct Stage {
+    sketch: Sketch,
+    known: Option<Known>,
+    stable_rank_vouched: bool,
+}
+
+/// A depth's estimate θ̂ of λ₁ (a Rayleigh quotient) and its upper bound on λ₁, both in
+/// units of Σλ; they hold for any larger space.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    bound: f64,
+    top: f64,
+}
+
+impl Krylov {
+    fn start(x: &Tensor, trace: f64, seed: u64) -> Result<Krylov, TchError> {
+        let (n, d) = (x.size()[0], x.size()[1]);
+        let device = x.device();
+        let r = n.min(d);
+        let (b, m) = (SKETCH_BLOCK, SKETCH_PROBES);
+        let mut rng = SplitMix64(seed ^ 0x5ce7_c4b0_0000_0001);
+        let omega = Tensor::f_from_slice(&gaussian(&mut rng, (r * b) as usize))?
+            .f_reshape([r, b])?
+            .f_to_device(device)?;
+        let probes: Vec<f32> = (0..r * m)
+            .map(|_| if rng.next_u64() >> 63 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        let z = Tensor::f_from_slice(&probes)?
+            .f_reshape([r, m])?
+            .f_to_device(device)?;
+        let mut krylov = Krylov {
+            x: x.f_to_kind(Kind::Float)?,
+            n,
+            d,
+            r,
+            // The products are divided by ‖x‖_F: the sketch works on G / Σλ, whose
+            // eigenvalues sum to 1, so float32 neither overflows for large activations
+            // nor underflows for tiny ones.
+            inverse_norm: 1.0 / trace.sqrt(),
+            basis: Tensor::new(),
+            halves: Vec::new(),
+            halves64: Vec::new(),
+            products: Vec::new(),
+            products64: Vec::new(),
+            projected: Tensor::new(),
+            squares: Tensor::new(),
+            residual: Tensor::new(),
+            z,
+            gz: Tensor::new(),
+            steps: 0,
+        };
+        let (q0, _) = Tensor::f_linalg_qr(&omega, "reduced")?;
+        let (half, first) = krylov.gram_times(&Tensor::f_cat(&[&q0, &krylov.z], 1)?)?;
+        krylov.gz = first.f_narrow(1, b, m)?;
+        krylov.basis = q0;
+        krylov.push(half.f_narrow(1, 0, b)?, first.f_narrow(1, 0, b)?)?;
+        krylov.residual = orthogonal_to(&krylov.products[0], &krylov.basis)?;
+        Ok(krylov)
+    }
+
+    /// (aᵀ·v, G·v), both divided by ‖x‖_F, with a the r × c orientation of x (r ≤ c, so
+    /// G = a·aᵀ is the smaller Gram matrix). x stays as it is stored, never copied, and
+    /// each product takes it in the layout the BLAS reads fastest: a transposed x as the
+    /// left factor cost about 16 % more CPU per product, on one thread at 2,048 × 4,096.
+    fn gram_times(&self, v: &Tensor) -> Result<(Tensor, Tensor), TchError> {
+        let (x, scale) = (&self.x, self.inverse_norm);
+        if self.n <= self.d {
             // a = x: aᵀ·v = (vᵀ·x)ᵀ and G·v = (vᵀ·x·xᵀ)ᵀ.
-            let half = v.f_tr()?.f_matmul(&x)?.f_mul_scalar(inverse_norm)?;
-            let full = half.f_matmul(&x.f_tr()?)?.f_mul_scalar(inverse_norm)?;
+            let half = v.f_tr()?.f_matmul(x)?.f_mul_scalar(scale)?;
+            let full = half.f_matmul(&x.f_tr()?)?.f_mul_scalar(scale)?;
             Ok((half.f_tr()?, full.f_tr()?))
         } else {
             // a = xᵀ: aᵀ·v = x·v and G·v = ((x·v)ᵀ·x)ᵀ.
-            let half = x.f_matmul(v)?.f_mul_scalar(inverse_norm)?;
-            let full = half.f_tr()?.f_matmul(&x)?.f_mul_scalar(inverse_norm)?;
+            let half = x.f_matmul(v)?.f_mul_scalar(scale)?;
+            let full = half.f_tr()?.f_matmul(x)?.f_mul_scalar(scale)?;
             Ok((half, full.f_tr()?))
         }
-    };
-    let (b, m) = (SKETCH_BLOCK, SKETCH_PROBES);
-    let mut rng = SplitMix64(seed ^ 0x5ce7_c4b0_0000_0001);
-    let omega = Tensor::f_from_slice(&gaussian(&mut rng, (r * b) as usize))?
-        .f_reshape([r, b])?
-        .f_to_device(device)?;
-    let probes: Vec<f32> = (0..r * m)
-        .map(|_| if rng.next_u64() >> 63 == 0 { 1.0 } else { -1.0 })
-        .collect();
-    let z = Tensor::f_from_slice(&probes)?
-        .f_reshape([r, m])?
-        .f_to_device(device)?;
-
-    let (q0, _) = Tensor::f_linalg_qr(&omega, "reduced")?;
-    let (half, first) = gram_times(&Tensor::f_cat(&[&q0, &z], 1)?)?;
-    let gz = first.f_narrow(1, b, m)?;
-    let mut basis = q0;
-    let mut halves = vec![half.f_narrow(1, 0, b)?];
-    let mut products = vec![first.f_narrow(1, 0, b)?];
-    // (I − P)·G·V for the last block V: the next block, and after the last step the
-    // border of the Gauss–Radau rule.
-    let mut residual = orthogonal_to(&products[0], &basis)?;
-    for _ in 0..SKETCH_STEPS {
-        let (next, upper) = Tensor::f_linalg_qr(&residual, "reduced")?;
-        // The residual keeps round-off components along the basis of about ε·‖G·V‖, which
-        // the QR scales up by ‖G·V‖ / |Rᵢᵢ|. Where the projection took most of the block
-        // (the space nearly exhausted: rank below its size, or a steep spectrum) they
-        // would not be small any more, so the block is orthogonalized once more.
-        let scale = to_host(&Tensor::f_stack(
-            &[
-                upper.f_diagonal(0, 0, 1)?.f_abs()?.f_min()?,
-                products.last().expect("one block at least").f_norm()?,
-            ],
-            0,
-        )?)?;
-        let next = if scale[0] > SKETCH_REORTHOGONALIZE * scale[1] {
-            next
-        } else {
-            Tensor::f_linalg_qr(&orthogonal_to(&next, &basis)?, "reduced")?.0
-        };
-        let (half, full) = gram_times(&next)?;
-        basis = Tensor::f_cat(&[&basis, &next], 1)?;
-        residual = orthogonal_to(&full, &basis)?;
-        halves.push(half);
-        products.push(full);
     }
-    let g_basis = Tensor::f_cat(&products, 1)?;
-    let k = basis.size()[1];
 
-    // T = Kᵀ·G·K = (aᵀK)ᵀ(aᵀK) and Kᵀ·G²·K = (GK)ᵀ(GK), in float64.
-    let w = Tensor::f_cat(&halves, 1)?.f_to_kind(Kind::Double)?;
-    let projected = w.f_tr()?.f_matmul(&w)?;
-    let g_wide = g_basis.f_to_kind(Kind::Double)?;
-    let squares = g_wide.f_tr()?.f_matmul(&g_wide)?;
-    let (theta, vectors) = projected.f_linalg_eigh("L")?;
-    let theta_host = to_host(&theta)?;
-    let vectors32 = vectors.f_to_kind(Kind::Float)?;
-    let ritz = basis.f_matmul(&vectors32)?;
-    let ritz_residual = g_basis
-        .f_matmul(&vectors32)?
-        .f_sub(&ritz.f_mul(&theta.f_to_kind(Kind::Float)?)?)?
-        .f_to_kind(Kind::Double)?
-        .f_square()?
-        .f_sum_dim_intlist(0, false, Kind::Double)?
-        .f_sqrt()?;
-    // The start block as b orthonormal probes scaled to length √r (Q₀ is Haar-distributed):
-    // Ritz vector K·y has weight (r / b)·‖y₀‖², y₀ the first block of y. The weights sum to
-    // r exactly, which Gaussian probes' ‖Ωᵀ·K·y‖² / b do only on average.
-    let weights_of = |v: &Tensor| -> Result<Tensor, TchError> {
-        v.f_narrow(0, 0, b)?
+    /// Adds a block's products, growing T and (GK)ᵀ(GK) by its rows and columns.
+    fn push(&mut self, half: Tensor, full: Tensor) -> Result<(), TchError> {
+        let half64 = half.f_to_kind(Kind::Double)?;
+        let full64 = full.f_to_kind(Kind::Double)?;
+        self.projected = grow(&self.projected, &self.halves64, &half64)?;
+        self.squares = grow(&self.squares, &self.products64, &full64)?;
+        self.halves.push(half);
+        self.halves64.push(half64);
+        self.products.push(full);
+        self.products64.push(full64);
+        Ok(())
+    }
+
+    /// Grows the space to `steps` block steps after the first.
+    fn extend(&mut self, steps: usize) -> Result<(), TchError> {
+        while self.steps < steps {
+            let (next, upper) = Tensor::f_linalg_qr(&self.residual, "reduced")?;
+            // The residual keeps round-off components along the basis of about ε·‖G·V‖,
+            // which the QR scales up by ‖G·V‖ / |Rᵢᵢ|. Where the projection took most of
+            // the block (the space nearly exhausted: rank below its size, or a steep
+            // spectrum) they would not be small any more, so the block is orthogonalized
+            // once more.
+            let scale = to_host(&Tensor::f_stack(
+                &[
+                    upper.f_diagonal(0, 0, 1)?.f_abs()?.f_min()?,
+                    self.products.last().expect("one block at least").f_norm()?,
+                ],
+                0,
+            )?)?;
+            let next = if scale[0] > SKETCH_REORTHOGONALIZE * scale[1] {
+                next
+            } else {
+                Tensor::f_linalg_qr(&orthogonal_to(&next, &self.basis)?, "reduced")?.0
+            };
+            let (half, full) = self.gram_times(&next)?;
+            self.basis = Tensor::f_cat(&[&self.basis, &next], 1)?;
+            self.residual = orthogonal_to(&full, &self.basis)?;
+            self.push(half, full)?;
+            self.steps += 1;
+        }
+        Ok(())
+    }
+
+    /// The columns and their error estimates from the space as it is. `known`: the λ₁
+    /// estimate and bound of a smaller depth that vouched for `stable_rank`.
+    fn analyse(&self, goal: SketchGoal, known: Option<Known>) -> Result<Stage, TchError> {
+        let r = self.r as usize;
+        let b = SKETCH_BLOCK;
+        let k = self.basis.size()[1];
+        let g_basis = Tensor::f_cat(&self.products, 1)?;
+        let (theta, vectors) = self.projected.f_linalg_eigh("L")?;
+        let theta_host = to_host(&theta)?;
+        let largest = theta_host.last().copied().unwrap_or(0.0);
+        // A smaller depth's λ₁ estimate is a Rayleigh quotient too: the pencil is not needed
+        // again once `stable_rank` is vouched for.
+        let pencil = match known {
+            Some(known) => known.top,
+            None => pencil_top(&theta, &theta_host, &vectors, &self.squares)?,
+        };
+        let top = largest.max(pencil).min(1.0);
+        let finite = theta_host.iter().all(|t| t.is_finite()) && pencil.is_finite();
+        if !finite || top <= 0.0 {
+            return Ok(Stage {
+                sketch: unmeasured(self.steps),
+                known: None,
+                stable_rank_vouched: false,
+            });
+        }
+
+        // Ritz residual norms ‖G·K·y − θ·K·y‖ = ‖R·y_q‖ (R the last block's residual, y_q
+        // the last block of y): the Krylov relation, up to round-off.
+        let residual = self.residual.f_to_kind(Kind::Double)?;
+        let residual_gram = residual.f_tr()?.f_matmul(&residual)?;
+        let last = vectors.f_narrow(0, k - b, b)?;
+        let residual_norm = to_host(
+            &last
+                .f_mul(&residual_gram.f_matmul(&last)?)?
+                .f_sum_dim_intlist(0, false, Kind::Double)?
+                .f_clamp_min(0.0)?
+                .f_sqrt()?,
+        )?;
+
+        // λ₁ and `stable_rank`.
+        let bound = match known {
+            Some(known) => known.bound.max(top),
+            None => {
+                self.lambda_bound(&g_basis, &theta, &theta_host, &vectors, &residual_gram, top)?
+            }
+        };
+        let stable_rank_err = (bound / top - 1.0).max(SKETCH_ERROR_FLOOR);
+
+        // Σλ² and `participation_ratio`.
+        let (trace_sq, trace_sq_se) = self.trace_sq(&g_basis)?;
+        // Σλ² is at least what K holds (and (Σλ)² / r), and at most λ₁·Σλ.
+        let inside = self.squares.f_trace()?.double_value(&[]);
+        let trace_sq = clamped(trace_sq, (1.0 / r as f64).max(inside), bound);
+        let margin = SKETCH_Z * trace_sq_se;
+        let participation_err = if trace_sq > margin {
+            (margin / (trace_sq - margin)).max(SKETCH_ERROR_FLOOR)
+        } else {
+            f64::INFINITY
+        };
+
+        // The quadrature for Σσ and Σ σ ln σ.
+        let converged: Vec<bool> = theta_host
+            .iter()
+            .zip(&residual_norm)
+            .map(|(&t, &res)| t > 0.0 && res <= SKETCH_CONVERGED * t)
+            .collect();
+        let first_block = to_host(&vectors.f_narrow(0, 0, b)?.f_square()?.f_reshape([-1])?)?;
+        let radau = self.radau(&theta_host, &theta, &vectors)?;
+        let quadrature = Quadrature::new(
+            r,
+            top,
+            &theta_host,
+            &converged,
+            &first_block,
+            radau.as_ref(),
+        );
+        let [effective, ratio_sv, nuclear] = quadrature.values();
+        let nuclear_err = (1.0 + nuclear.1) * (bound / top).sqrt() - 1.0;
+        let (count, count_err) = quadrature.count90();
+
+        let mut spectral = Spectral {
+            stable_rank: Some(1.0 / top),
+            participation_ratio: Some(clamped(1.0 / trace_sq, 1.0 / top, r as f64)),
+            participation_ratio_sv: Some(ratio_sv.0),
+            cum_energy_90: Some(count),
+            nuclear_norm_ratio: Some(nuclear.0),
+            effective_rank: Some(effective.0),
+        };
+        let floor = |e: f64| {
+            if e.is_nan() {
+                f64::INFINITY
+            } else {
+                e.max(SKETCH_ERROR_FLOOR)
+            }
+        };
+        let errors = SpectralErrors {
+            stable_rank: Some(stable_rank_err),
+            participation_ratio: Some(participation_err),
+            participation_ratio_sv: Some(floor(ratio_sv.1)),
+            cum_energy_90: Some(if count_err.is_nan() {
+                f64::INFINITY
+            } else {
+                count_err
+            }),
+            nuclear_norm_ratio: Some(floor(nuclear_err)),
+            effective_rank: Some(floor(effective.1)),
+        };
+        let (vouched, stable_rank_vouched) = mark_unvouched(&mut spectral, &errors, goal);
+        Ok(Stage {
+            sketch: Sketch {
+                spectral,
+                errors,
+                vouched,
+                steps: self.steps,
+            },
+            known: Some(Known { bound, top }),
+            stable_rank_vouched,
+        })
+    }
+
+    /// An upper bound on λ₁ (units of Σλ) that holds except with probability
+    /// [`SKETCH_FAILURE`] over the start block. For an eigenpair (x, u) of G, with
+    /// GK = KT + R·E_qᵀ + R_off (R = V'·C the last block's residual, R_off the other blocks'
+    /// round-off) and y = Kᵀu, w = V'ᵀu: y = (x − T)⁻¹(E_q·Cᵀw + R_offᵀu), ‖y‖² + ‖w‖² ≤ 1,
+    /// and the start block's share of u is ‖E₀ᵀy‖². The largest share any unit u allows at
+    /// x falls fast as x moves above the Ritz values; λ₁'s eigenvector has at least
+    /// [`CHI2_BLOCK_QUANTILE`]/r of it (except with that probability), so the largest x
+    /// allowing that much bounds λ₁. `residual_gram` is RᵀR.
+    fn lambda_bound(
+        &self,
+        g_basis: &Tensor,
+        theta: &Tensor,
+        theta_host: &[f64],
+        vectors: &Tensor,
+        residual_gram: &Tensor,
+        top: f64,
+    ) -> Result<f64, TchError> {
+        let r = self.r as f64;
+        let b = SKETCH_BLOCK;
+        let k = theta.size()[0];
+        let options = (Kind::Double, theta.device());
+        if top >= 1.0 {
+            return Ok(1.0);
+        }
+        // ‖Q₀ᵀu‖² = X / (X + Y) with X ~ χ²_b and Y ~ χ²_{r−b}; Y ≤ r + 9√r + 40 except with
+        // probability below 10⁻⁹ (Laurent and Massart), so X below the quantile is the
+        // only way under this share.
+        let least = CHI2_BLOCK_QUANTILE / (r + 9.0 * r.sqrt() + 40.0 + CHI2_BLOCK_QUANTILE);
+        // The float32 products' round-off (an operator-norm allowance, on top of R_off).
+        let rounding = SKETCH_ROUNDING * top;
+        let start = vectors.f_narrow(0, 0, b)?;
+        let last = vectors.f_narrow(0, k - b, b)?;
+        // R_off = GK − KT − R·E_qᵀ, measured; and C with CᵀC = RᵀR + rounding²·I (a larger
+        // C only widens the set of u considered).
+        let mut off_blocks = g_basis.f_sub(
+            &self
+                .basis
+                .f_matmul(&self.projected.f_to_kind(Kind::Float)?)?,
+        )?;
+        let _ = off_blocks.f_narrow(1, k - b, b)?.f_sub_(&self.residual)?;
+        off_blocks = off_blocks.f_to_kind(Kind::Double)?;
+        let off = off_blocks
             .f_square()?
-            .f_sum_dim_intlist(0, false, Kind::Double)?
-            .f_mul_scalar(r as f64 / b as f64)
-    };
-    let weight = weights_of(&vectors)?;
+            .f_sum(Kind::Double)?
+            .double_value(&[])
+            .sqrt()
+            + rounding;
+        let eye = Tensor::f_eye(b, options)?;
+        let lower = residual_gram
+            .f_add(&eye.f_mul_scalar(rounding * rounding)?)?
+            .f_linalg_cholesky(false)?;
+        // Yᵀ·E_q·Cᵀ (k × b): the last block's residual in the Ritz basis.
+        let coupling = last.f_tr()?.f_matmul(&lower)?;
+        let largest = theta_host.last().copied().unwrap_or(0.0);
+        let share = |x: f64| -> Result<f64, TchError> {
+            // How much the round-off can move y, against the scale of x − T.
+            let slack = off / (x - largest);
+            if slack >= 0.5 {
+                return Ok(f64::INFINITY);
+            }
+            let inverse = theta.f_neg()?.f_add_scalar(x)?.f_reciprocal()?;
+            let first = start.f_mul(&inverse)?.f_matmul(&coupling)?;
+            let scaled = coupling.f_mul(&inverse.f_unsqueeze(1)?)?;
+            let constraint = eye.f_add(
+                &scaled
+                    .f_tr()?
+                    .f_matmul(&scaled)?
+                    .f_mul_scalar(1.0 - slack)?,
+            )?;
+            let reach =
+                first.f_matmul(&Tensor::f_linalg_solve(&constraint, &first.f_tr()?, true)?)?;
+            let reach = max_eigenvalue(&reach)?;
+            let start_scaled = start.f_mul(&inverse)?;
+            let spill =
+                max_eigenvalue(&start_scaled.f_matmul(&start_scaled.f_tr()?)?)?.sqrt() * off;
+            Ok((((1.0 + slack) * reach).max(0.0).sqrt() + spill).powi(2))
+        };
+        // x = top·(1 + eᵘ), u from ln 10⁻⁹ to where x = 1 (λ₁ ≤ Σλ): a coarse scan down
+        // from the top, then bisection where the share crosses `least`.
+        let (low, high) = (1e-9f64.ln(), (1.0 / top - 1.0).max(1e-9).ln());
+        let at = |u: f64| top * (1.0 + u.exp());
+        if share(at(high).min(1.0))? >= least {
+            return Ok(1.0);
+        }
+        const SCAN: usize = 24;
+        let grid: Vec<f64> = (0..=SCAN)
+            .map(|i| high - (high - low) * i as f64 / SCAN as f64)
+            .collect();
+        let mut above = None;
+        for pair in grid.windows(2) {
+            if share(at(pair[1]))? >= least {
+                above = Some((pair[1], pair[0]));
+                break;
+            }
+        }
+        let Some((mut lo, mut hi)) = above else {
+            return Ok(at(low));
+        };
+        for _ in 0..14 {
+            let mid = 0.5 * (lo + hi);
+            if share(at(mid))? >= least {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(at(hi).min(1.0))
+    }
 
-    // The pencil's top eigenvalue, on the Ritz directions T can divide by.
+    /// Σλ² (units of (Σλ)²) and its standard error: ‖G·K‖²_F exactly, plus ‖G·(I − P)‖²_F
+    /// by Hutchinson's estimator over the probes Z, with zᵀ(I − P)G(I − P)z, whose mean
+    /// 1 − tr T is known exactly, as a control variate.
+    fn trace_sq(&self, g_basis: &Tensor) -> Result<(f64, f64), TchError> {
+        let m = SKETCH_PROBES as usize;
+        let coefficients = self.basis.f_tr()?.f_matmul(&self.z)?;
+        let g_outside = self
+            .gz
+            .f_sub(&g_basis.f_matmul(&coefficients)?)?
+            .f_to_kind(Kind::Double)?;
+        let outside = self
+            .z
+            .f_sub(&self.basis.f_matmul(&coefficients)?)?
+            .f_to_kind(Kind::Double)?;
+        let a = to_host(
+            &g_outside
+                .f_square()?
+                .f_sum_dim_intlist(0, false, Kind::Double)?,
+        )?;
+        let c = to_host(
+            &outside
+                .f_mul(&g_outside)?
+                .f_sum_dim_intlist(0, false, Kind::Double)?,
+        )?;
+        let trace_outside = 1.0 - self.projected.f_trace()?.double_value(&[]);
+        let (mean_a, mean_c) = (mean(&a), mean(&c));
+        let var_c = c.iter().map(|v| (v - mean_c).powi(2)).sum::<f64>();
+        let beta = if var_c > 0.0 {
+            a.iter()
+                .zip(&c)
+                .map(|(x, y)| (x - mean_a) * (y - mean_c))
+                .sum::<f64>()
+                / var_c
+        } else {
+            0.0
+        };
+        let adjusted: Vec<f64> = a
+            .iter()
+            .zip(&c)
+            .map(|(x, y)| x - beta * (y - trace_outside))
+            .collect();
+        let estimate = mean(&adjusted);
+        let spread =
+            adjusted.iter().map(|v| (v - estimate).powi(2)).sum::<f64>() / (m as f64 - 2.0);
+        let inside = self.squares.f_trace()?.double_value(&[]);
+        Ok((inside + estimate, (spread / m as f64).sqrt()))
+    }
+
+    /// The Gauss–Radau rule with a node at 0: T bordered by C (the last residual
+    /// R = V'·C, CᵀC = RᵀR = L·Lᵀ, C = Lᵀ) and the diagonal block C·(Eᵀ·T⁻¹·E)·Cᵀ (E picks
+    /// the last block), which makes 0 an eigenvalue. Its nodes and the start block's
+    /// squared components of their vectors (b × (k + b), row-major); `None` where T is
+    /// (numerically) singular or the residual vanishes.
+    fn radau(
+        &self,
+        theta_host: &[f64],
+        theta: &Tensor,
+        vectors: &Tensor,
+    ) -> Result<Option<RadauRule>, TchError> {
+        let b = SKETCH_BLOCK;
+        let k = theta.size()[0];
+        let (smallest, largest) = (theta_host[0], theta_host[theta_host.len() - 1]);
+        if smallest <= 1e-12 * largest {
+            return Ok(None);
+        }
+        let rr = self.residual.f_to_kind(Kind::Double)?;
+        let (lower, info) = rr
+            .f_tr()?
+            .f_matmul(&rr)?
+            .f_linalg_cholesky_ex(false, false)?;
+        if i64::try_from(&info.f_to_device(Device::Cpu)?)? != 0 {
+            return Ok(None);
+        }
+        let last = vectors.f_narrow(0, k - b, b)?;
+        let inverse = last.f_div(theta)?.f_matmul(&last.f_tr()?)?;
+        let corner = lower.f_tr()?.f_matmul(&inverse)?.f_matmul(&lower)?;
+        let zeros =
+            |rows: i64, cols: i64| Tensor::f_zeros([rows, cols], (Kind::Double, theta.device()));
+        let right = Tensor::f_cat(&[&zeros(k - b, b)?, &lower], 0)?;
+        let bottom = Tensor::f_cat(&[&zeros(b, k - b)?, &lower.f_tr()?, &corner], 1)?;
+        let bordered = Tensor::f_cat(
+            &[&Tensor::f_cat(&[&self.projected, &right], 1)?, &bottom],
+            0,
+        )?;
+        let (nodes, radau_vectors) = bordered.f_linalg_eigh("L")?;
+        let first = radau_vectors
+            .f_narrow(0, 0, b)?
+            .f_square()?
+            .f_reshape([-1])?;
+        Ok(Some((to_host(&nodes)?, to_host(&first)?)))
+    }
+}
+
+/// The Gauss–Radau rule's nodes, and per probe (b rows) the squared start-block components
+/// of their vectors (row-major).
+type RadauRule = (Vec<f64>, Vec<f64>);
+
+/// `gram` (the Gram matrix of `olds`' columns) grown by the columns of `new`.
+fn grow(gram: &Tensor, olds: &[Tensor], new: &Tensor) -> Result<Tensor, TchError> {
+    let diagonal = new.f_tr()?.f_matmul(new)?;
+    if olds.is_empty() {
+        return Ok(diagonal);
+    }
+    let cross = Tensor::f_cat(
+        &olds
+            .iter()
+            .map(|old| old.f_tr()?.f_matmul(new))
+            .collect::<Result<Vec<_>, _>>()?,
+        0,
+    )?;
+    let upper = Tensor::f_cat(&[gram, &cross], 1)?;
+    let lower = Tensor::f_cat(&[&cross.f_tr()?, &diagonal], 1)?;
+    Tensor::f_cat(&[&upper, &lower], 0)
+}
+
+/// The pencil's top eigenvalue (Kᵀ·G²·K, Kᵀ·G·K), on the Ritz directions T can divide by:
+/// the Rayleigh quotient of AᵀA on the space Aᵀ·K, one degree higher in G for free.
+fn pencil_top(
+    theta: &Tensor,
+    theta_host: &[f64],
+    vectors: &Tensor,
+    squares: &Tensor,
+) -> Result<f64, TchError> {
+    let k = theta_host.len() as i64;
     let largest = theta_host.last().copied().unwrap_or(0.0);
     let skip = theta_host
         .iter()
         .take_while(|&&t| t <= SKETCH_PENCIL_FLOOR * largest)
         .count() as i64;
-    let pencil_top = if largest > 0.0 && skip < k {
-        let scaled = vectors
-            .f_narrow(1, skip, k - skip)?
-            .f_div(&theta.f_narrow(0, skip, k - skip)?.f_sqrt()?)?;
-        let pencil = scaled.f_tr()?.f_matmul(&squares)?.f_matmul(&scaled)?;
-        to_host(&pencil.f_linalg_eigvalsh("L")?)?
-            .last()
-            .copied()
-            .unwrap_or(0.0)
-    } else {
-        0.0
-    };
-
-    // Gauss–Radau: T bordered by C (the residual R = V'·C, CᵀC = RᵀR = L·Lᵀ, C = Lᵀ) and
-    // the diagonal block C·(Eᵀ·T⁻¹·E)·Cᵀ (E picks the last block), which makes 0 an
-    // eigenvalue. Left out where T is (numerically) singular or the residual vanishes: then
-    // 0 is already a node, or the space is exhausted, and the two rules agree.
-    let smallest = theta_host.first().copied().unwrap_or(0.0);
-    let (radau_theta, radau_weight) = if smallest > 1e-12 * largest {
-        let rr = residual.f_to_kind(Kind::Double)?;
-        let (lower, info) = rr
-            .f_tr()?
-            .f_matmul(&rr)?
-            .f_linalg_cholesky_ex(false, false)?;
-        if i64::try_from(&info.f_to_device(tch::Device::Cpu)?)? == 0 {
-            let last = vectors.f_narrow(0, k - b, b)?;
-            let inverse = last.f_div(&theta)?.f_matmul(&last.f_tr()?)?;
-            let corner = lower.f_tr()?.f_matmul(&inverse)?.f_matmul(&lower)?;
-            let zeros = |rows: i64, cols: i64| {
-                Tensor::f_zeros([rows, cols], (Kind::Double, projected.device()))
-            };
-            let right = Tensor::f_cat(&[&zeros(k - b, b)?, &lower], 0)?;
-            let bottom = Tensor::f_cat(&[&zeros(b, k - b)?, &lower.f_tr()?, &corner], 1)?;
-            let bordered = Tensor::f_cat(&[&Tensor::f_cat(&[&projected, &right], 1)?, &bottom], 0)?;
-            let (nodes, radau_vectors) = bordered.f_linalg_eigh("L")?;
-            (to_host(&nodes)?, to_host(&weights_of(&radau_vectors)?)?)
-        } else {
-            (Vec::new(), Vec::new())
-        }
-    } else {
-        (Vec::new(), Vec::new())
-    };
-
-    let inside = squares.f_trace()?;
-    let outside = gz
-        .f_sub(&g_basis.f_matmul(&basis.f_tr()?.f_matmul(&z)?)?)?
-        .f_to_kind(Kind::Double)?
-        .f_square()?
-        .f_sum(Kind::Double)?
-        .f_div_scalar(m as f64)?;
-    let trace_sq = to_host(&inside.f_add(&outside)?.f_reshape([1])?)?[0];
-    Ok(sketched(
-        &Estimates {
-            // In units of G / Σλ.
-            trace: 1.0,
-            trace_sq,
-            top: pencil_top,
-            theta: &theta_host,
-            residual: &to_host(&ritz_residual)?,
-            weight: &to_host(&weight)?,
-            radau_theta: &radau_theta,
-            radau_weight: &radau_weight,
-        },
-        n.min(d) as usize,
-    ))
+    if largest <= 0.0 || skip >= k {
+        return Ok(0.0);
+    }
+    let scaled = vectors
+        .f_narrow(1, skip, k - skip)?
+        .f_div(&theta.f_narrow(0, skip, k - skip)?.f_sqrt()?)?;
+    let pencil = scaled.f_tr()?.f_matmul(squares)?.f_matmul(&scaled)?;
+    Ok(to_host(&pencil.f_linalg_eigvalsh("L")?)?
+        .last()
+        .copied()
+        .unwrap_or(0.0))
 }
 
 /// `y` with its components along the orthonormal columns of `basis` removed (classical
@@ -251,116 +698,317 @@ fn orthogonal_to(y: &Tensor, basis: &Tensor) -> Result<Tensor, TchError> {
     once.f_sub(&basis.f_matmul(&basis_t.f_matmul(&once)?)?)
 }
 
-/// What the sketch measured, in the units of G (eigenvalues of the smaller Gram matrix).
-#[derive(Debug, Clone, Copy)]
-pub struct Estimates<'a> {
-    /// Σλ.
-    pub trace: f64,
-    /// Estimated Σλ².
-    pub trace_sq: f64,
-    /// A lower bound on λ₁ besides the largest Ritz value (0 for none).
-    pub top: f64,
-    /// Ritz values, their residual norms and their Gauss weights (any order, equal lengths).
-    pub theta: &'a [f64],
-    pub residual: &'a [f64],
-    pub weight: &'a [f64],
-    /// Nodes and weights of the Gauss–Radau rule with a node at 0 (equal lengths; empty
-    /// when it was not formed, and then the Gauss rule stands alone).
-    pub radau_theta: &'a [f64],
-    pub radau_weight: &'a [f64],
+/// The largest eigenvalue of a small symmetric matrix.
+fn max_eigenvalue(m: &Tensor) -> Result<f64, TchError> {
+    Ok(to_host(&m.f_linalg_eigvalsh("L")?)?
+        .last()
+        .copied()
+        .unwrap_or(f64::INFINITY))
 }
 
-/// The six spectral columns from the sketch's estimates, of a matrix whose smaller side is
-/// `rank_bound`. Estimates are clamped to what the exact values satisfy (`docs/metrics.md`:
-/// 1 ≤ stable_rank ≤ participation_ratio ≤ r, and so on).
-pub fn sketched(e: &Estimates, rank_bound: usize) -> Spectral {
-    let top = e.theta.iter().copied().fold(e.top, f64::max);
-    let finite = [e.trace, e.trace_sq, top].iter().all(|v| v.is_finite())
-        && e.theta
-            .iter()
-            .chain(e.residual)
-            .chain(e.weight)
-            .chain(e.radau_theta)
-            .chain(e.radau_weight)
-            .all(|v| v.is_finite());
-    if !finite || e.trace <= 0.0 || top <= 0.0 {
-        return if finite && e.trace == 0.0 {
-            Spectral::zero()
-        } else {
-            Spectral::default()
-        };
-    }
-    let r = rank_bound.max(1) as f64;
-    // λ₁ ≤ Σλ always; the estimates can only fall short of λ₁.
-    let top = top.min(e.trace);
-    let sum_mu = e.trace / top;
-    // Σλ² lies between Σθ² (inside the space, a lower bound) and λ₁·Σλ.
-    let sum_mu_sq = (e.trace_sq / (top * top)).clamp(sum_mu * sum_mu / r, sum_mu);
-    // (μ, Gauss weight, converged) with μ = θ/λ₁.
-    let mut pairs: Vec<(f64, f64, bool)> = e
-        .theta
+/// `value` within [low, high], `high` winning where the two cross (rounding).
+fn clamped(value: f64, low: f64, high: f64) -> f64 {
+    value.max(low).min(high)
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+/// Nulls every column whose estimate exceeds its bound; whether every column `goal`
+/// drives, and `stable_rank`, are within theirs.
+fn mark_unvouched(
+    spectral: &mut Spectral,
+    errors: &SpectralErrors,
+    goal: SketchGoal,
+) -> (bool, bool) {
+    let estimates = errors.named();
+    let mut vouched = true;
+    let within: Vec<bool> = SKETCH_BOUNDS
         .iter()
-        .zip(e.residual)
-        .zip(e.weight)
-        .map(|((&t, &res), &w)| {
-            let t = t.max(0.0);
-            let converged = t > 0.0 && res <= SKETCH_CONVERGED * t;
-            ((t / top).min(1.0), w.max(0.0), converged)
+        .zip(&estimates)
+        .map(|(&(name, bound), &(named, err))| {
+            debug_assert_eq!(name, named);
+            err <= bound
         })
         .collect();
-    pairs.sort_unstable_by(|x, y| y.0.total_cmp(&x.0));
-    // (Σ√μ, Σ √μ·ln √μ) of nodes μ with weights w.
-    let moments = |nodes: &mut dyn Iterator<Item = (f64, f64)>| {
-        nodes
-            .filter(|&(mu, _)| mu > 0.0)
-            .fold((0.0, 0.0), |(s, sl), (mu, w)| {
-                (s + w * mu.sqrt(), sl + w * mu.sqrt() * 0.5 * mu.ln())
-            })
-    };
-    let counted = |&(mu, w, converged): &(f64, f64, bool)| (mu, if converged { 1.0 } else { w });
-    let gauss = moments(&mut pairs.iter().map(counted));
-    let (sum_s, sum_s_ln_s) = if e.radau_theta.is_empty() {
-        gauss
-    } else {
-        // The Radau rule's nodes include the converged pairs with their Gauss weights;
-        // those count once, as in the Gauss rule.
-        let radau = moments(
-            &mut e
-                .radau_theta
-                .iter()
-                .zip(e.radau_weight)
-                .map(|(&t, &w)| ((t.max(0.0) / top).min(1.0), w.max(0.0)))
-                .chain(
-                    pairs
-                        .iter()
-                        .filter(|p| p.2)
-                        .map(|&(mu, w, _)| (mu, 1.0 - w)),
-                ),
-        );
-        let share = SKETCH_RADAU_SHARE;
-        (
-            (1.0 - share) * gauss.0 + share * radau.0,
-            (1.0 - share) * gauss.1 + share * radau.1,
-        )
-    };
-    let sum_s = sum_s.clamp(1.0, r.sqrt() * sum_mu.sqrt());
-    let effective = (sum_s.ln() - sum_s_ln_s / sum_s).exp().clamp(1.0, r);
-    let threshold = 0.9 * sum_mu * (1.0 - CUM_ENERGY_REL_TOL);
-    let (mut energy, mut count) = (0.0, 0.0);
-    for (mu, w) in pairs.iter().map(counted) {
-        energy += w * mu;
-        count += w;
-        if energy >= threshold {
-            break;
+    for (index, &ok) in within.iter().enumerate() {
+        if ok {
+            continue;
+        }
+        if goal.drives(index) {
+            vouched = false;
+        }
+        match index {
+            0 => spectral.stable_rank = None,
+            1 => spectral.participation_ratio = None,
+            2 => spectral.effective_rank = None,
+            3 => spectral.participation_ratio_sv = None,
+            4 => spectral.nuclear_norm_ratio = None,
+            _ => spectral.cum_energy_90 = None,
         }
     }
-    let count = count.round().clamp(1.0, r);
-    Spectral {
-        stable_rank: Some(sum_mu),
-        participation_ratio: Some(sum_mu * sum_mu / sum_mu_sq),
-        participation_ratio_sv: Some((sum_s * sum_s / sum_mu).clamp(1.0, r)),
-        cum_energy_90: Some(count as u32),
-        nuclear_norm_ratio: Some(sum_s),
-        effective_rank: Some(effective),
+    (vouched, within[0])
+}
+
+/// The block quadrature over the Ritz pairs (and the Radau rule's nodes) of one depth,
+/// in units of μ = λ / θ̂, per probe.
+struct Quadrature {
+    r: usize,
+    top: f64,
+    /// Σλ / θ̂.
+    sum_mu: f64,
+    /// μ of the Ritz values, and whether each pair converged.
+    mu: Vec<f64>,
+    converged: Vec<bool>,
+    /// Per probe (b rows) and Ritz pair: ‖(yⱼ)₀ᵢ‖², row-major.
+    first_block: Vec<f64>,
+    /// Σ over the converged pairs of (√μ, √μ·ln √μ), each counted once.
+    converged_part: [f64; 2],
+    /// The energy outside the converged pairs (units of θ̂), exactly.
+    energy_outside: f64,
+    /// Per probe: r × (Σ√μ, Σ√μ·ln √μ, Σμ) over the unconverged nodes, Gauss and Radau.
+    gauss: Vec<[f64; 3]>,
+    radau: Option<Vec<[f64; 3]>>,
+}
+
+/// (√μ, √μ·ln √μ, μ).
+fn moments(mu: f64) -> [f64; 3] {
+    let mu = mu.max(0.0);
+    if mu == 0.0 {
+        return [0.0; 3];
+    }
+    let s = mu.sqrt();
+    [s, 0.5 * s * mu.ln(), mu]
+}
+
+impl Quadrature {
+    fn new(
+        r: usize,
+        top: f64,
+        theta: &[f64],
+        converged: &[bool],
+        first_block: &[f64],
+        radau: Option<&RadauRule>,
+    ) -> Quadrature {
+        let b = SKETCH_BLOCK as usize;
+        let k = theta.len();
+        let mu: Vec<f64> = theta.iter().map(|&t| (t.max(0.0) / top).min(1.0)).collect();
+        let mut converged_part = [0.0; 2];
+        let mut converged_energy = 0.0;
+        for (j, &m) in mu.iter().enumerate() {
+            if converged[j] {
+                let f = moments(m);
+                converged_part[0] += f[0];
+                converged_part[1] += f[1];
+                converged_energy += theta[j].max(0.0);
+            }
+        }
+        let scale = r as f64;
+        let gauss: Vec<[f64; 3]> = (0..b)
+            .map(|i| {
+                let mut acc = [0.0; 3];
+                for j in (0..k).filter(|&j| !converged[j]) {
+                    let (w, f) = (scale * first_block[i * k + j], moments(mu[j]));
+                    for c in 0..3 {
+                        acc[c] += w * f[c];
+                    }
+                }
+                acc
+            })
+            .collect();
+        let radau = radau.map(|(nodes, vectors)| {
+            let kb = nodes.len();
+            (0..b)
+                .map(|i| {
+                    let mut acc = [0.0; 3];
+                    for (l, &node) in nodes.iter().enumerate() {
+                        let (w, f) = (scale * vectors[i * kb + l], moments(node.max(0.0) / top));
+                        for c in 0..3 {
+                            acc[c] += w * f[c];
+                        }
+                    }
+                    // The converged pairs are nodes of the bordered matrix too; they count
+                    // once, in `converged_part`.
+                    for j in (0..k).filter(|&j| converged[j]) {
+                        let (w, f) = (scale * first_block[i * k + j], moments(mu[j]));
+                        for c in 0..3 {
+                            acc[c] -= w * f[c];
+                        }
+                    }
+                    acc
+                })
+                .collect()
+        });
+        Quadrature {
+            r,
+            top,
+            sum_mu: 1.0 / top,
+            mu,
+            converged: converged.to_vec(),
+            first_block: first_block.to_vec(),
+            converged_part,
+            energy_outside: (1.0 - converged_energy).max(0.0) / top,
+            gauss,
+            radau,
+        }
+    }
+
+    /// Whether the converged pairs hold (nearly) all of Σλ: the quadrature is exact then.
+    fn exhausted(&self) -> bool {
+        self.energy_outside * self.top <= SKETCH_EXHAUSTED
+    }
+
+    /// (Σ√μ, Σ√μ·ln √μ) from one rule's per-probe sums, leaving out probe `skip`: the mean
+    /// over the probes, corrected by the control variate Σμ, whose exact value is the
+    /// energy outside the converged pairs.
+    fn sums(&self, rule: &[[f64; 3]], skip: Option<usize>) -> [f64; 2] {
+        let rows: Vec<&[f64; 3]> = rule
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| Some(i) != skip)
+            .map(|(_, row)| row)
+            .collect();
+        let count = rows.len() as f64;
+        let mean_of = |c: usize| rows.iter().map(|row| row[c]).sum::<f64>() / count;
+        let mean_c = mean_of(2);
+        let var_c = rows
+            .iter()
+            .map(|row| (row[2] - mean_c).powi(2))
+            .sum::<f64>();
+        let mut out = [0.0; 2];
+        for (c, slot) in out.iter_mut().enumerate() {
+            let mean_v = mean_of(c);
+            let beta = if var_c > 0.0 && !self.exhausted() {
+                rows.iter()
+                    .map(|row| (row[c] - mean_v) * (row[2] - mean_c))
+                    .sum::<f64>()
+                    / var_c
+            } else {
+                0.0
+            };
+            *slot = self.converged_part[c] + mean_v - beta * (mean_c - self.energy_outside);
+        }
+        out
+    }
+
+    /// (effective_rank, participation_ratio_sv, nuclear_norm_ratio) from (Σ√μ, Σ√μ ln √μ),
+    /// clamped to what the exact values satisfy.
+    fn columns(&self, [sum_s, sum_s_ln_s]: [f64; 2]) -> [f64; 3] {
+        let r = self.r as f64;
+        let sum_s = sum_s.clamp(1.0, (r * self.sum_mu).sqrt());
+        let effective = (sum_s.ln() - sum_s_ln_s / sum_s).exp().clamp(1.0, r);
+        [
+            effective,
+            (sum_s * sum_s / self.sum_mu).clamp(1.0, r),
+            sum_s,
+        ]
+    }
+
+    /// Each of the three σ-based columns with its error estimate: the geometric middle of
+    /// the Gauss and Radau values, half their spread (as a ratio), and [`SKETCH_Z`]
+    /// jackknife standard errors over the probes.
+    fn values(&self) -> [(f64, f64); 3] {
+        let b = self.gauss.len();
+        let rules: Vec<&Vec<[f64; 3]>> = match &self.radau {
+            Some(radau) => vec![&self.gauss, radau],
+            None => vec![&self.gauss],
+        };
+        let middle = |skip: Option<usize>| -> ([f64; 3], [f64; 3]) {
+            let cols: Vec<[f64; 3]> = rules
+                .iter()
+                .map(|rule| self.columns(self.sums(rule, skip)))
+                .collect();
+            let mut mid = [0.0; 3];
+            let mut spread = [0.0; 3];
+            for c in 0..3 {
+                let (lo, hi) = cols
+                    .iter()
+                    .map(|v| v[c])
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                        (lo.min(v), hi.max(v))
+                    });
+                mid[c] = (lo * hi).sqrt();
+                spread[c] = (hi / lo).sqrt() - 1.0;
+            }
+            (mid, spread)
+        };
+        let (mid, spread) = middle(None);
+        let leave_out: Vec<[f64; 3]> = (0..b).map(|i| middle(Some(i)).0).collect();
+        // Without the Radau rule the Gauss rule is exact only where the space holds the
+        // whole spectrum.
+        let unbracketed = self.radau.is_none() && !self.exhausted();
+        let mut out = [(0.0, 0.0); 3];
+        for c in 0..3 {
+            let m = leave_out.iter().map(|v| v[c]).sum::<f64>() / b as f64;
+            let se = ((b as f64 - 1.0) / b as f64
+                * leave_out.iter().map(|v| (v[c] - m).powi(2)).sum::<f64>())
+            .sqrt();
+            let err = if unbracketed {
+                f64::INFINITY
+            } else {
+                spread[c] + SKETCH_Z * se / mid[c]
+            };
+            out[c] = (mid[c], err);
+        }
+        out
+    }
+
+    /// `cum_energy_90` and its error estimate: the Gauss nodes, largest first, counted
+    /// (with their weights) until they hold 0.9·Σλ. Exact (error 0) where the count ends
+    /// at a converged pair with only converged pairs before it; otherwise the node where
+    /// it ends is counted in proportion to the energy still needed, and the error is that
+    /// node's weight, [`SKETCH_Z`] jackknife standard errors, and half a count (rounding).
+    fn count90(&self) -> (u32, f64) {
+        let b = SKETCH_BLOCK as usize;
+        let k = self.mu.len();
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_unstable_by(|&i, &j| self.mu[j].total_cmp(&self.mu[i]));
+        let count = |skip: Option<usize>| -> (f64, f64, bool) {
+            let probes = if skip.is_some() { b - 1 } else { b };
+            let weight = |j: usize| {
+                if self.converged[j] {
+                    1.0
+                } else {
+                    let s: f64 = (0..b)
+                        .filter(|&i| Some(i) != skip)
+                        .map(|i| self.first_block[i * k + j])
+                        .sum();
+                    self.r as f64 * s / probes as f64
+                }
+            };
+            let target = 0.9 * self.sum_mu * (1.0 - CUM_ENERGY_REL_TOL);
+            let (mut energy, mut counted, mut exact) = (0.0, 0.0, true);
+            for &j in &order {
+                let w = weight(j);
+                let e = w * self.mu[j];
+                exact &= self.converged[j];
+                if energy + e >= target {
+                    if exact {
+                        return (counted + 1.0, 0.0, true);
+                    }
+                    let part = if e > 0.0 {
+                        ((target - energy) / e).clamp(0.0, 1.0)
+                    } else {
+                        1.0
+                    };
+                    return (counted + part * w, w, false);
+                }
+                energy += e;
+                counted += w;
+            }
+            (counted, 0.0, false)
+        };
+        let (estimate, crossing, exact) = count(None);
+        let value = estimate.round().clamp(1.0, self.r as f64);
+        if exact {
+            return (value as u32, 0.0);
+        }
+        let leave_out: Vec<f64> = (0..b).map(|i| count(Some(i)).0).collect();
+        let m = mean(&leave_out);
+        let se = ((b as f64 - 1.0) / b as f64
+            * leave_out.iter().map(|v| (v - m).powi(2)).sum::<f64>())
+        .sqrt();
+        (value as u32, (crossing + SKETCH_Z * se + 0.5) / value)
     }
 }

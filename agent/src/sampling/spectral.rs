@@ -64,6 +64,37 @@ impl Spectral {
     }
 }
 
+/// The sketch's error estimates of the six spectral columns (`docs/metrics.md`, "Sketch
+/// mode"): each bounds the relative error |sketched − exact| / exact of its column, as the
+/// sketch estimates it from its own data. `None` where no estimate applies: rows measured by
+/// the exact path (the value is the definition) and null spectra. A column the sketch could
+/// not vouch for is `None` in [`Spectral`] while its estimate stays here: that pair is the
+/// marker of a value left out.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SpectralErrors {
+    pub stable_rank: Option<f64>,
+    pub participation_ratio: Option<f64>,
+    pub participation_ratio_sv: Option<f64>,
+    pub cum_energy_90: Option<f64>,
+    pub nuclear_norm_ratio: Option<f64>,
+    pub effective_rank: Option<f64>,
+}
+
+impl SpectralErrors {
+    /// The six estimates by their column's name, in [`Spectral::named`] order (`None` as NaN).
+    pub fn named(&self) -> Vec<(&'static str, f64)> {
+        let v = |x: Option<f64>| x.unwrap_or(f64::NAN);
+        vec![
+            ("stable_rank", v(self.stable_rank)),
+            ("participation_ratio", v(self.participation_ratio)),
+            ("effective_rank", v(self.effective_rank)),
+            ("participation_ratio_sv", v(self.participation_ratio_sv)),
+            ("nuclear_norm_ratio", v(self.nuclear_norm_ratio)),
+            ("cum_energy_90", v(self.cum_energy_90)),
+        ]
+    }
+}
+
 /// Relative slack on the 90 % energy threshold, so that summation rounding cannot push the
 /// answer one eigenvalue further.
 pub(crate) const CUM_ENERGY_REL_TOL: f64 = 1e-12;

@@ -210,6 +210,12 @@ fn simulate_rank(
                 compute_ms: 1.5 + rng.random_range(0.0..0.5),
                 conv_layout: String::new(),
                 method: "exact".into(),
+                stable_rank_err: None,
+                participation_ratio_err: None,
+                participation_ratio_sv_err: None,
+                cum_energy_90_err: None,
+                nuclear_norm_ratio_err: None,
+                effective_rank_err: None,
             }));
         }
         bar.inc(1);

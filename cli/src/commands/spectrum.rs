@@ -1,5 +1,7 @@
 //! `rankscope spectrum`: the metrics of a saved matrix, for activations dumped
-//! with `numpy.save` and analysed offline. Same definitions as the agent.
+//! with `numpy.save` and analysed offline. Same definitions as the agent, and the same
+//! sketch: each sketched value with its error estimate (`<column>_err`), and the exact
+//! path where the sketch cannot vouch for a value (`method` = `fallback`).
 
 use std::path::PathBuf;
 
@@ -76,6 +78,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ("cum_energy_90", m.spectral.cum_energy_90.into()),
         ("nuclear_norm_ratio", m.spectral.nuclear_norm_ratio.into()),
         ("effective_rank", m.spectral.effective_rank.into()),
+        ("stable_rank_err", m.errors.stable_rank.into()),
+        (
+            "participation_ratio_err",
+            m.errors.participation_ratio.into(),
+        ),
+        (
+            "participation_ratio_sv_err",
+            m.errors.participation_ratio_sv.into(),
+        ),
+        ("cum_energy_90_err", m.errors.cum_energy_90.into()),
+        ("nuclear_norm_ratio_err", m.errors.nuclear_norm_ratio.into()),
+        ("effective_rank_err", m.errors.effective_rank.into()),
         ("mean", m.mean.into()),
         ("std", m.std.into()),
         ("zero_fraction", m.zero_fraction.into()),
@@ -90,6 +104,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         for (k, v) in fields {
             let shown = match &v {
+                serde_json::Value::Null if k.ends_with("_err") => "-".to_string(),
+                serde_json::Value::Null
+                    if m.errors.named().iter().any(|&(n, e)| n == k && !e.is_nan()) =>
+                {
+                    "null (the sketch cannot vouch for it; its error estimate is below)".to_string()
+                }
                 serde_json::Value::Null => "null (non-finite input)".to_string(),
                 serde_json::Value::String(s) if s.is_empty() => "-".to_string(),
                 serde_json::Value::String(s) => s.clone(),

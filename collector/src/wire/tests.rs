@@ -125,6 +125,12 @@ fn random_batch(rng: &mut Rng) -> Batch {
             } else {
                 "exact".into()
             },
+            stable_rank_err: rng.opt(Rng::f64),
+            participation_ratio_err: rng.opt(Rng::f64),
+            participation_ratio_sv_err: rng.opt(Rng::f64),
+            cum_energy_90_err: rng.opt(Rng::f64),
+            nuclear_norm_ratio_err: rng.opt(Rng::f64),
+            effective_rank_err: rng.opt(Rng::f64),
         });
     }
     for _ in 0..n(rng) / 2 {
