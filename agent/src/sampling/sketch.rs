@@ -599,8 +599,8 @@ impl Krylov {
     /// The Gauss–Radau rule with a node at 0: T bordered by C (the last residual
     /// R = V'·C, CᵀC = RᵀR = L·Lᵀ, C = Lᵀ) and the diagonal block C·(Eᵀ·T⁻¹·E)·Cᵀ (E picks
     /// the last block), which makes 0 an eigenvalue. Its nodes and the start block's
-    /// squared components of their vectors (b × (k + b), row-major); `None` where T is
-    /// (numerically) singular or the residual vanishes.
+    /// squared components of their vectors (b × (k + b), row-major); `None` where the
+    /// residual vanishes (the space holds the whole spectrum).
     fn radau(
         &self,
         theta_host: &[f64],
@@ -609,8 +609,8 @@ impl Krylov {
     ) -> Result<Option<RadauRule>, TchError> {
         let b = SKETCH_BLOCK;
         let k = theta.size()[0];
-        let (smallest, largest) = (theta_host[0], theta_host[theta_host.len() - 1]);
-        if smallest <= 1e-12 * largest {
+        let largest = theta_host[theta_host.len() - 1];
+        if largest <= 0.0 {
             return Ok(None);
         }
         let rr = self.residual.f_to_kind(Kind::Double)?;
@@ -622,7 +622,12 @@ impl Krylov {
             return Ok(None);
         }
         let last = vectors.f_narrow(0, k - b, b)?;
-        let inverse = last.f_div(theta)?.f_matmul(&last.f_tr()?)?;
+        // Eᵀ·T⁺·E: Ritz values at round-off level are G's null directions inside K (a
+        // rank below the space's size), already nodes at 0; their Ritz vectors have no
+        // last-block component (G·K·y = 0 leaves no residual), so they drop out.
+        let null = theta.f_le(1e-12 * largest)?;
+        let inverse_theta = theta.f_reciprocal()?.f_masked_fill(&null, 0.0)?;
+        let inverse = last.f_mul(&inverse_theta)?.f_matmul(&last.f_tr()?)?;
         let corner = lower.f_tr()?.f_matmul(&inverse)?.f_matmul(&lower)?;
         let zeros =
             |rows: i64, cols: i64| Tensor::f_zeros([rows, cols], (Kind::Double, theta.device()));
