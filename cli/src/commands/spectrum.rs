@@ -115,7 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 serde_json::Value::String(s) => s.clone(),
                 other => other.to_string(),
             };
-            println!("{k:<24} {shown}");
+            println!("{k:<26} {shown}");
         }
     }
     Ok(())
