@@ -8,6 +8,9 @@
 2. The Python-side cost of a step that is not sampled (step, four phases,
    record), for models with few and many watched modules, against the same loop
    without the agent.
+3. ``overhead_ms`` against what a sampled step costs the training thread, before
+   and after the agent counted its Python side and reused its sample buffers
+   (``accounting.py``).
 
 Every rank gets one intra-op thread, so with 2 ranks on a 2-core machine every
 core is given to training. The collector runs out of process.
@@ -27,6 +30,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import accounting  # noqa: E402  (beside this file)
+
 EXAMPLE = HERE.parent / "rankscope" / "examples" / "ddp_train.py"
 
 RETRIES: list[int] = []
@@ -162,17 +168,36 @@ def main() -> int:
         "machine to training, then 1 = a core to spare)",
     )
     p.add_argument("--micro-steps", type=int, default=20000)
+    p.add_argument("--accounting-rounds", type=int, default=4)
+    p.add_argument("--accounting-steps", type=int, default=2000)
+    p.add_argument(
+        "--parts",
+        default="ab,unsampled,accounting",
+        help="which parts to run, comma-separated (default: all three)",
+    )
     args = p.parse_args()
+    parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         proc, addr = start_collector(Path(tmp) / "out")
+
+        def stop_collector() -> None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+
         try:
             lines = []
-            for nproc in (int(n) for n in args.nproc.split(",")):
-                lines += ab(args, nproc, addr, Path(tmp))
-            lines += unsampled_step_cost(args, addr)
+            if "ab" in parts:
+                for nproc in (int(n) for n in args.nproc.split(",")):
+                    lines += ab(args, nproc, addr, Path(tmp))
+            if "unsampled" in parts:
+                lines += unsampled_step_cost(args, addr)
+            if "accounting" in parts:
+                lines += accounting.run(
+                    addr, Path(tmp) / "out", Path(tmp), args.accounting_rounds, args.accounting_steps, stop_collector
+                )
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+            stop_collector()
     print("\n".join(lines))
     return 0
 

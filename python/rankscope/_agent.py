@@ -5,9 +5,9 @@ agent's (``rankscope._native``); this module only attaches it to PyTorch."""
 from __future__ import annotations
 
 import atexit
-import time
 import warnings
 import weakref
+from time import perf_counter_ns
 from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -139,7 +139,7 @@ class Agent:
         ``module.`` prefix, and (with ``comm=True``) a communication hook that
         times the gradient all-reduce is registered: ``steps.comm_ms``.
 
-        Hooks are installed only for sampled steps, so other steps cost nothing.
+        Hooks are put in place only for sampled steps, so other steps cost nothing.
         Returns the watched layer names, after the ``layers`` filter.
         """
         inner = _unwrap(model)
@@ -147,6 +147,7 @@ class Agent:
         for name, module, kind in _layers(inner):
             if self._native.wants_layer(name) and not any(w[1] is module for w in self._watched):
                 self._watched.append((name, module, kind))
+                _keep_hook(self._native, name, module, kind)
                 added.append(name)
         if comm and _is_ddp(model):
             self._register_comm_hook(model)
@@ -176,7 +177,8 @@ class Agent:
         ]
 
         def forward() -> None:
-            handles = _install(self._native, layers)
+            native = self._native
+            handles = [m.register_forward_hook(native.hook(n, k)) for n, m, k in layers]
             try:
                 with torch.no_grad():
                     if isinstance(example_input, tuple):
@@ -199,17 +201,9 @@ class Agent:
         "optimizer"):`` times a phase, and ``s.record(loss=, lr=, grad_norm=,
         samples=)`` takes floats or 0-d tensors."""
         s = self._native.step(step)
-        handles = self._hooks_for(s)
         if self._deferred is not None:
-            return _CudaStep(s, self._deferred, handles)
-        if handles:
-            s.set_on_exit(lambda: _remove(handles))
+            return _CudaStep(s, self._deferred)
         return s
-
-    def _hooks_for(self, s: NativeStep) -> list:
-        if s.sampled and self._watched:
-            return _install(self._native, self._watched)
-        return []
 
     def event(self, kind: str, message: str, value: Optional[int] = None) -> None:
         """Records a row in the ``events`` table."""
@@ -246,11 +240,16 @@ class Agent:
         deferred = self._deferred
 
         # No annotations: DDP checks them against dist.GradBucket and Future[Tensor].
+        # The wrapper's own time on the thread that calls it (not `hook`'s) is the
+        # agent's: handed over around the call of `hook`.
         def timed(state, bucket):  # type: ignore[no-untyped-def]
+            entered = perf_counter_ns()
             if deferred is not None and bucket.buffer().is_cuda:
                 start = torch.cuda.Event(enable_timing=True)
                 start.record()
+                native.add_overhead_since(entered)
                 fut = hook(state, bucket)
+                returned = perf_counter_ns()
 
                 def done_cuda(f: torch.futures.Future) -> Any:
                     end = torch.cuda.Event(enable_timing=True)
@@ -258,15 +257,21 @@ class Agent:
                     deferred.comm_events.append((start, end))
                     return _bucket_result(f)
 
-                return fut.then(done_cuda)
-            started = time.perf_counter()
+                chained = fut.then(done_cuda)
+                native.add_overhead_since(returned)
+                return chained
+            native.add_overhead_since(entered)
+            started = perf_counter_ns()
             fut = hook(state, bucket)
+            returned = perf_counter_ns()
 
             def done(f: torch.futures.Future) -> Any:
-                native.add_comm_ms((time.perf_counter() - started) * 1e3)
+                native.add_comm_ms((perf_counter_ns() - started) / 1e6)
                 return _bucket_result(f)
 
-            return fut.then(done)
+            chained = fut.then(done)
+            native.add_overhead_since(returned)
+            return chained
 
         return timed
 
@@ -358,12 +363,11 @@ class _CudaStep:
     copies (and the step's all-reduce timings) are complete, at a later step or at
     finish, so the training thread never waits for the device."""
 
-    __slots__ = ("_s", "_deferred", "_handles", "_tensors")
+    __slots__ = ("_s", "_deferred", "_tensors")
 
-    def __init__(self, s: NativeStep, deferred: "_Deferred", handles: list) -> None:
+    def __init__(self, s: NativeStep, deferred: "_Deferred") -> None:
         self._s = s
         self._deferred = deferred
-        self._handles = handles
         self._tensors: dict = {}
 
     @property
@@ -378,7 +382,8 @@ class _CudaStep:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _remove(self._handles)
+        # stop() counts its own time (the step's hooks out) in this step's row; the
+        # hand-over below is counted in the next step's.
         self._s.stop()
         self._deferred.hold(self._s, self._tensors)
 
@@ -386,6 +391,7 @@ class _CudaStep:
         return self._s.phase(name)
 
     def record(self, **values: Any) -> None:
+        entered = perf_counter_ns()
         rest = {}
         for key, value in values.items():
             if value is None:
@@ -396,6 +402,8 @@ class _CudaStep:
                 self._tensors[key] = host
             else:
                 rest[key] = value
+        self._deferred.native.add_overhead_since(entered)
+        # record() counts its own time.
         self._s.record(**rest)
 
 
@@ -407,28 +415,37 @@ class _Deferred:
         self.comm_events: list = []
         self.pending: list = []
 
+    # The Python work here is the agent's time on the training thread, handed to the
+    # extension around the calls that count their own (record, send).
+
     def hold(self, s: NativeStep, tensors: dict) -> None:
+        entered = perf_counter_ns()
         done = torch.cuda.Event()
         done.record()
         self.pending.append((s, tensors, self.comm_events, done))
         self.comm_events = []
-        self.poll()
+        self.poll(entered)
 
-    def poll(self) -> None:
+    def poll(self, entered: int) -> None:
         while self.pending and self.pending[0][3].query():
-            self._send(*self.pending.pop(0)[:3])
+            entered = self._send(*self.pending.pop(0)[:3], entered)
+        self.native.add_overhead_since(entered)
 
     def flush(self) -> None:
         if self.pending:
             torch.cuda.synchronize()
         while self.pending:
-            self._send(*self.pending.pop(0)[:3])
+            self._send(*self.pending.pop(0)[:3], perf_counter_ns())
 
-    def _send(self, s: NativeStep, tensors: dict, events: list) -> None:
-        s.record(**{k: float(v.reshape(-1)[0]) for k, v in tensors.items()})
-        if events:
-            s.set_comm_ms(sum(a.elapsed_time(b) for a, b in events))
+    def _send(self, s: NativeStep, tensors: dict, events: list, entered: int) -> int:
+        values = {k: float(v.reshape(-1)[0]) for k, v in tensors.items()}
+        comm = sum(a.elapsed_time(b) for a, b in events) if events else None
+        self.native.add_overhead_since(entered)
+        s.record(**values)
+        if comm is not None:
+            s.set_comm_ms(comm)
         s.send()
+        return perf_counter_ns()
 
 
 def _allreduce(state, bucket):  # type: ignore[no-untyped-def]
@@ -474,34 +491,16 @@ def _layers(model: nn.Module) -> List[Tuple[str, nn.Module, Optional[str]]]:
     return out
 
 
-def _install(native: "_native.NativeAgent", layers: list) -> list:
-    handles = []
-    for name, module, kind in layers:
-        handles.append(module.register_forward_hook(_hook(native, name, kind)))
-    return handles
-
-
-def _remove(handles: list) -> bool:
-    for h in handles:
-        h.remove()
-    return False
-
-
-def _hook(native: "_native.NativeAgent", name: str, kind: Optional[str]) -> Callable:
-    def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-        t = output if isinstance(output, torch.Tensor) else _first_tensor(output)
-        if t is not None:
-            native.observe(name, t, kind)
-
-    return hook
-
-
-def _first_tensor(output: Any) -> Optional[torch.Tensor]:
-    if isinstance(output, (tuple, list)):
-        for item in output:
-            if isinstance(item, torch.Tensor):
-                return item
-    return None
+def _keep_hook(native: "_native.NativeAgent", name: str, module: nn.Module, kind: Optional[str]) -> None:
+    """Gives the extension the module's hook for sampled steps. The hook (a Rust
+    object) is registered once, for the id torch gives it, and removed; a sampled
+    step puts it back in ``module._forward_hooks`` under that id and takes it out
+    at its end, as ``register_forward_hook`` and the handle's ``remove()`` would,
+    without a handle, a closure or a Python frame."""
+    hook = native.hook(name, kind)
+    handle = module.register_forward_hook(hook)
+    handle.remove()
+    native.watch_hook(module._forward_hooks, handle.id, hook)
 
 
 def _optimizer_kind(optimizer: Optional[torch.optim.Optimizer]) -> str:

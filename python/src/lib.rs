@@ -5,7 +5,14 @@
 //! Layout:
 //! - [`NativeAgent`]: one rank's agent (`rankscope.init()` wraps it);
 //! - [`NativeStep`] and [`NativePhase`]: the step and phase context managers;
+//! - [`NativeHook`]: the forward hook of a watched module, which a sampled step's
+//!   [`NativeStep`] installs and removes;
 //! - [`Report`]: what `finish()` returns.
+//!
+//! The agent's time on the training thread (the `steps.overhead_ms` column and the
+//! overhead budget) includes this crate's own work: the hooks (installing, calling,
+//! removing them), converting values, and the Python layer's timed work handed over
+//! with `add_overhead_since`. docs/columns.md says what is left out, and its bound.
 //!
 //! The `rankscope` command is not here: it is the native binary installed beside
 //! the package (`python -m rankscope` runs it), so the extension carries no query
@@ -19,12 +26,13 @@ use std::time::Instant;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFloat, PyInt, PyList};
+use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyTuple};
 use pyo3_tch::PyTensor;
 use rankscope_agent::Optimizer;
 use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
 use rankscope_agent::{Agent, FinishReport, Mode};
 use rankscope_agent::{Phase, StepGuard};
+use tch::Tensor;
 
 mod keywords;
 
@@ -47,6 +55,18 @@ struct NativeAgent {
     comm: AtomicBool,
     /// Nanoseconds of all-reduce time recorded since the last step row took it.
     comm_ns: AtomicU64,
+    /// The hooks of watched modules, put in place for sampled steps only.
+    hooks: Mutex<Vec<HookSlot>>,
+}
+
+/// Where a watched module's [`NativeHook`] goes on a sampled step: the module's
+/// `_forward_hooks` dict, under the id torch gave it when it was registered once.
+/// Setting and deleting that entry is what `register_forward_hook` and its handle's
+/// `remove()` do, at a fraction of the cost and with no handle to allocate.
+struct HookSlot {
+    hooks: PyObject,
+    key: PyObject,
+    hook: PyObject,
 }
 
 #[pymethods]
@@ -83,24 +103,86 @@ impl NativeAgent {
     }
 
     /// Begins step `step`: a context manager that records the `steps` row on exit.
+    /// A sampled step puts the watched modules' hooks in place (its exit, or `stop`,
+    /// takes them away again).
     fn step(slf: &Bound<'_, Self>, step: u64) -> NativeStep {
         let this = slf.get();
+        let guard = this.agent.step(step);
+        let hooked = guard.sampled() && this.set_hooks(slf.py(), true);
         NativeStep {
-            guard: Some(this.agent.step(step)),
+            guard: Some(guard),
             agent: slf.clone().unbind(),
-            on_exit: None,
+            hooked,
             phase_started: None,
         }
     }
 
+    /// A forward hook observing its module's output as layer `name`
+    /// (`hook(module, inputs, output)`, as `register_forward_hook` calls it).
+    #[pyo3(signature = (name, kind = None))]
+    fn hook(&self, name: &str, kind: Option<&str>) -> NativeHook {
+        NativeHook {
+            agent: self.agent.clone(),
+            name: name.to_string(),
+            kind: layer_kind(kind),
+        }
+    }
+
+    /// Keeps `hook` for sampled steps: each puts it in `hooks` (a module's
+    /// `_forward_hooks`) under `key` (the id `register_forward_hook` gave it) and
+    /// takes it out at its end.
+    fn watch_hook(&self, hooks: PyObject, key: PyObject, hook: Bound<'_, NativeHook>) {
+        let slot = HookSlot {
+            hooks,
+            key,
+            hook: hook.into_any().unbind(),
+        };
+        self.hooks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(slot);
+    }
+
     /// Observes an activation of layer `name` (a no-op unless this step is sampled).
     #[pyo3(signature = (name, tensor, kind = None))]
-    fn observe(&self, name: &str, tensor: PyTensor, kind: Option<&str>) {
-        let kind = match kind {
-            Some("attention") => Some("attention"),
-            _ => None,
+    fn observe(&self, name: &str, tensor: &Bound<'_, PyAny>, kind: Option<&str>) -> PyResult<()> {
+        let since = Instant::now();
+        let Some(tensor) = tensor_of(tensor) else {
+            return Err(PyTypeError::new_err(format!(
+                "observe({name:?}, ...): expected a torch.Tensor, got {}",
+                tensor.get_type()
+            )));
         };
-        self.agent.observe_kind(name, kind, &tensor);
+        self.agent
+            .observe_since(name, layer_kind(kind), &tensor, since);
+        Ok(())
+    }
+
+    /// `False`: samples are copied into new allocations, as before the agent reused
+    /// their buffers (benchmarks only: python/benches/ddp_ab.py).
+    fn _reuse_sample_buffers(&self, reuse: bool) {
+        self.agent.reuse_sample_buffers(reuse);
+    }
+
+    /// `True`: samples wait on the training side until `_hold_samples(False)` hands
+    /// them to the metrics thread (measurements only: python/tests/test_api.py).
+    fn _hold_samples(&self, hold: bool) {
+        self.agent.hold_samples(hold);
+    }
+
+    /// Drops the held samples (counted as dropped); returns how many (measurements
+    /// only: python/tests/test_api.py).
+    fn _discard_held_samples(&self) -> usize {
+        self.agent.discard_held_samples()
+    }
+
+    /// Counts the time since `since_ns` (`time.perf_counter_ns()`) as the agent's on
+    /// the training thread, this call included: for the Python layer's own work.
+    /// `sampling`: it was spent because the step is sampled.
+    #[pyo3(signature = (since_ns, sampling = false))]
+    fn add_overhead_since(&self, since_ns: u64, sampling: bool) {
+        self.agent
+            .add_overhead_since_monotonic_ns(since_ns, sampling);
     }
 
     /// Turns on `comm_ms` in every later step row.
@@ -176,6 +258,11 @@ impl NativeAgent {
         (samples.taken, samples.dropped, samples.skipped)
     }
 
+    /// Samples handed to the metrics thread and not yet measured.
+    fn queued_samples(&self) -> u64 {
+        self.agent.queued_samples()
+    }
+
     /// Flushes everything and waits (at most the finish timeout) for the collector to
     /// acknowledge it, without holding the GIL. Callable more than once.
     fn finish(&self, py: Python<'_>) -> Report {
@@ -184,15 +271,98 @@ impl NativeAgent {
     }
 }
 
+impl NativeAgent {
+    /// Puts every watched module's hook in place (`on`) or takes it out, counting
+    /// the time as the sampled step's. Returns whether there were hooks.
+    fn set_hooks(&self, py: Python<'_>, on: bool) -> bool {
+        let since = Instant::now();
+        let slots = self.hooks.lock().unwrap_or_else(|e| e.into_inner());
+        if slots.is_empty() {
+            return false;
+        }
+        for slot in slots.iter() {
+            let hooks = slot.hooks.bind(py);
+            // A module whose hooks dict no longer takes ours loses its samples, not
+            // the step; one already without it (removed by hand) is left as it is.
+            let _ = if on {
+                hooks.set_item(&slot.key, &slot.hook)
+            } else {
+                hooks.del_item(&slot.key)
+            };
+        }
+        drop(slots);
+        self.agent.add_overhead(since, true);
+        true
+    }
+}
+
+/// The forward hook of one watched module: observes the module's output (or the
+/// first tensor of a tuple or list output) as its layer. A Rust object rather than
+/// a Python function, so a call runs no Python frame and allocates nothing, and its
+/// time from the call's start is the agent's (with the sample it takes).
+#[pyclass(module = "rankscope._native", frozen)]
+struct NativeHook {
+    agent: Agent,
+    name: String,
+    kind: Option<&'static str>,
+}
+
+#[pymethods]
+impl NativeHook {
+    fn __call__(
+        &self,
+        _module: &Bound<'_, PyAny>,
+        _inputs: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+    ) {
+        let since = Instant::now();
+        if let Some(tensor) = first_tensor(output) {
+            self.agent
+                .observe_since(&self.name, self.kind, &tensor, since);
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("rankscope hook of layer {:?}", self.name)
+    }
+}
+
+/// The kinds a layer may be given; anything else is none.
+fn layer_kind(kind: Option<&str>) -> Option<&'static str> {
+    match kind {
+        Some("attention") => Some("attention"),
+        _ => None,
+    }
+}
+
+/// The tensor `obj` is (a reference to the same tensor), or `None`, without raising.
+fn tensor_of(obj: &Bound<'_, PyAny>) -> Option<Tensor> {
+    let ptr = obj.as_ptr() as *mut tch::python::CPyObject;
+    // SAFETY: `ptr` is a live Python object; the GIL is held.
+    unsafe { Tensor::pyobject_unpack(ptr) }.ok().flatten()
+}
+
+/// A module's output as a tensor: itself, or the first tensor of a tuple or list.
+fn first_tensor(output: &Bound<'_, PyAny>) -> Option<Tensor> {
+    if let Some(t) = tensor_of(output) {
+        return Some(t);
+    }
+    if let Ok(tuple) = output.downcast::<PyTuple>() {
+        return tuple.iter().find_map(|item| tensor_of(&item));
+    }
+    if let Ok(list) = output.downcast::<PyList>() {
+        return list.iter().find_map(|item| tensor_of(&item));
+    }
+    None
+}
+
 /// One training step. `with agent.step(i) as s:` records the `steps` row on exit.
 #[pyclass(module = "rankscope._native", unsendable)]
 struct NativeStep {
     guard: Option<StepGuard>,
     agent: Py<NativeAgent>,
-    /// Called with no arguments on exit, before the row is sent (removes the
-    /// activation hooks of a sampled step). If it returns `True`, the row is held
-    /// back until [`NativeStep::send`].
-    on_exit: Option<PyObject>,
+    /// Whether this (sampled) step put the watched modules' hooks in place.
+    hooked: bool,
     /// The phase being timed, by [`NativeStep::phase`]'s context manager.
     phase_started: Option<(Phase, Instant)>,
 }
@@ -211,10 +381,6 @@ impl NativeStep {
         self.guard.as_ref().is_some_and(StepGuard::sampled)
     }
 
-    fn set_on_exit(&mut self, callback: PyObject) {
-        self.on_exit = Some(callback);
-    }
-
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
     }
@@ -226,26 +392,15 @@ impl NativeStep {
         _exc: PyObject,
         _tb: PyObject,
     ) -> PyResult<bool> {
-        self.take_comm(py);
-        let mut hold = false;
-        if let Some(callback) = self.on_exit.take() {
-            hold = callback.call0(py)?.is_truthy(py)?;
-        }
-        if hold {
-            if let Some(guard) = &self.guard {
-                guard.stop();
-            }
-        } else {
-            self.guard.take();
-        }
+        self.end(py);
+        self.guard.take();
         Ok(false)
     }
 
-    /// Ends the step's clock without sending the row (see `on_exit`).
-    fn stop(&self) {
-        if let Some(guard) = &self.guard {
-            guard.stop();
-        }
+    /// Ends the step's clock (and its hooks) without sending the row, for values
+    /// still being computed on the device; [`NativeStep::send`] sends it.
+    fn stop(&mut self, py: Python<'_>) {
+        self.end(py);
     }
 
     /// Sends the row now (normally done on exit). Callable more than once.
@@ -271,6 +426,29 @@ impl NativeStep {
     /// accelerator is read by the Python layer without a device sync).
     #[pyo3(signature = (*, loss = None, lr = None, grad_norm = None, samples = None))]
     fn record(
+        &self,
+        py: Python<'_>,
+        loss: Option<&Bound<'_, PyAny>>,
+        lr: Option<&Bound<'_, PyAny>>,
+        grad_norm: Option<&Bound<'_, PyAny>>,
+        samples: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let since = Instant::now();
+        let recorded = self.record_values(loss, lr, grad_norm, samples);
+        self.agent.bind(py).get().agent.add_overhead(since, false);
+        recorded
+    }
+
+    /// Sets the step's `comm_ms` (the Python layer does, from CUDA events).
+    fn set_comm_ms(&self, ms: f64) {
+        if let Some(guard) = &self.guard {
+            guard.comm_ms(ms);
+        }
+    }
+}
+
+impl NativeStep {
+    fn record_values(
         &self,
         loss: Option<&Bound<'_, PyAny>>,
         lr: Option<&Bound<'_, PyAny>>,
@@ -301,15 +479,23 @@ impl NativeStep {
         Ok(())
     }
 
-    /// Sets the step's `comm_ms` (the Python layer does, from CUDA events).
-    fn set_comm_ms(&self, ms: f64) {
+    /// The step's end before its row: the all-reduce time into the row, the hooks
+    /// out of the modules (this time counted in the step's own `overhead_ms`), and
+    /// the step's clock stopped. Callable more than once.
+    fn end(&mut self, py: Python<'_>) {
+        let since = Instant::now();
+        self.take_comm(py);
+        let agent = self.agent.bind(py).get();
+        let hooked = std::mem::take(&mut self.hooked);
+        if hooked {
+            agent.set_hooks(py, false);
+        }
+        agent.agent.add_overhead(since, false);
         if let Some(guard) = &self.guard {
-            guard.comm_ms(ms);
+            guard.stop();
         }
     }
-}
 
-impl NativeStep {
     /// Moves the all-reduce time recorded during this step into its row.
     fn take_comm(&self, py: Python<'_>) {
         let agent = self.agent.bind(py).get();
@@ -339,6 +525,15 @@ impl NativeStep {
             && let Some(guard) = &self.guard
         {
             guard.add_phase_ms(phase, started.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+}
+
+impl Drop for NativeStep {
+    /// A step left without `with` (or `stop`) still takes its hooks out.
+    fn drop(&mut self) {
+        if self.hooked {
+            Python::with_gil(|py| self.end(py));
         }
     }
 }
@@ -526,6 +721,7 @@ fn init(
         agent,
         comm: AtomicBool::new(false),
         comm_ns: AtomicU64::new(0),
+        hooks: Mutex::new(Vec::new()),
     })
 }
 
@@ -560,6 +756,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeAgent>()?;
     m.add_class::<NativeStep>()?;
     m.add_class::<NativePhase>()?;
+    m.add_class::<NativeHook>()?;
     m.add_class::<Report>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(empty_report, m)?)?;

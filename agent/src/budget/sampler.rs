@@ -102,8 +102,8 @@ pub(crate) struct Sampler {
     skipped_budget: AtomicU64,
     skipped_queue_full: AtomicU64,
     steps_skipped: AtomicU64,
-    /// The training thread's time preparing samples (the first alone), and all
-    /// its time in the agent.
+    /// The training thread's time on sampled steps' samples (and up to the end of
+    /// the first sample alone), and all its time in the agent.
     training_sample_ns: AtomicU64,
     first_sample_ns: AtomicU64,
     training_ns: AtomicU64,
@@ -203,12 +203,23 @@ impl Sampler {
         }
     }
 
+    /// A sample counted as handed over was dropped after all (the metrics thread's
+    /// queue refused it).
+    pub fn handed_then_dropped(&self) {
+        self.handed.fetch_sub(1, Ordering::Relaxed);
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Adds the training thread's time in the agent; `sampling` when it was spent
-    /// taking a sample.
+    /// because a step is sampled (taking a sample, or a binding's hooks for it).
+    /// Until the first sample is taken, that time counts as the first sample's.
     pub fn add_training_ns(&self, ns: u64, sampling: bool) {
         self.training_ns.fetch_add(ns, Ordering::Relaxed);
-        if sampling && self.training_sample_ns.fetch_add(ns, Ordering::Relaxed) == 0 {
-            self.first_sample_ns.store(ns, Ordering::Relaxed);
+        if sampling {
+            let total = self.training_sample_ns.fetch_add(ns, Ordering::Relaxed) + ns;
+            if self.taken.load(Ordering::Relaxed) <= 1 {
+                self.first_sample_ns.store(total, Ordering::Relaxed);
+            }
         }
     }
 

@@ -22,6 +22,7 @@
 //! no connection, and every call returns at once.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use rankscope_proto::v1::ModelRow;
 use tch::Tensor;
@@ -131,6 +132,83 @@ impl Agent {
         }
     }
 
+    /// [`Agent::observe_kind`] for a binding whose own work for this activation (a
+    /// hook's call, converting the tensor) began at `since`: on a sampled step that
+    /// time is the agent's too, and is counted with the sample in the step's
+    /// `overhead_ms` and in the overhead budget. On a step that is not sampled nothing
+    /// is counted, as [`Agent::observe`] costs one atomic load there.
+    pub fn observe_since(
+        &self,
+        name: &str,
+        kind: Option<&'static str>,
+        activation: &Tensor,
+        since: Instant,
+    ) {
+        if let Some(recorder) = &self.recorder {
+            recorder.observe_since(name, kind, activation, Some(since));
+        }
+    }
+
+    /// Counts the time from `since` to now as the agent's on the training thread: in
+    /// the current step's `overhead_ms` (or the next step's, once this one's row has
+    /// taken its figure) and in the overhead budget. For bindings, whose own work on
+    /// the training thread (installing hooks, converting values) is the agent's cost
+    /// too. `sampling`: the time was spent because the step is sampled (it then
+    /// teaches the budget what a sampled step costs).
+    pub fn add_overhead(&self, since: Instant, sampling: bool) {
+        if let Some(recorder) = &self.recorder {
+            let ns = since.elapsed().as_nanos() as u64;
+            recorder.add_overhead_ns(ns, sampling);
+        }
+    }
+
+    /// [`Agent::add_overhead`] from a reading of the monotonic clock in nanoseconds
+    /// (`CLOCK_MONOTONIC`, which Python's `time.perf_counter_ns()` reads on Linux), for
+    /// a binding that times its own work in its language: the time up to this call's
+    /// own clock reading is counted, the hand-over included. A reading in the future
+    /// or over a minute old counts nothing.
+    pub fn add_overhead_since_monotonic_ns(&self, since_ns: u64, sampling: bool) {
+        if let Some(recorder) = &self.recorder
+            && let Some(now) = monotonic_ns()
+        {
+            let ns = now.wrapping_sub(since_ns);
+            if now >= since_ns && ns < 60_000_000_000 {
+                recorder.add_overhead_ns(ns, sampling);
+            }
+        }
+    }
+
+    /// Whether the training thread copies samples into buffers reused from one
+    /// sampled step to the next (the default), or each into a new allocation, as
+    /// before buffers were reused (for benchmarks that show the difference:
+    /// BENCHMARKS.md, "`overhead_ms` told truly").
+    pub fn reuse_sample_buffers(&self, reuse: bool) {
+        if let Some(recorder) = &self.recorder {
+            recorder.buffers.set_reuse(reuse);
+        }
+    }
+
+    /// `true`: samples taken from now on wait on the training side instead of going
+    /// to the metrics thread at once; `false`: those waiting go now, and later ones at
+    /// once again. For measurements of the training thread's own cost that keep the
+    /// metrics thread's work (and what it does to shared caches) out of the steps
+    /// they time. Held samples count as queued ([`Agent::queued_samples`]), so the
+    /// metrics queue's bound holds: a planned step with no room is skipped.
+    pub fn hold_samples(&self, hold: bool) {
+        if let Some(recorder) = &self.recorder {
+            recorder.hold_samples(hold);
+        }
+    }
+
+    /// Drops the samples [`Agent::hold_samples`] holds (counted as dropped): for
+    /// measurements of the training thread with no metrics work at all. Returns
+    /// how many.
+    pub fn discard_held_samples(&self) -> usize {
+        self.recorder
+            .as_ref()
+            .map_or(0, |r| r.discard_held_samples())
+    }
+
     /// Records an event row (`kind`, a message, an optional value).
     /// `kind` and `message` are cut to the collector's limits
     /// ([`rankscope_proto::MAX_LABEL_BYTES`] and [`rankscope_proto::MAX_EVENT_MESSAGE_BYTES`])
@@ -150,6 +228,11 @@ impl Agent {
         self.recorder
             .as_ref()
             .map_or(ActivationSamples::default(), |r| r.sampler.samples())
+    }
+
+    /// Samples handed to the metrics thread and not yet measured.
+    pub fn queued_samples(&self) -> u64 {
+        self.recorder.as_ref().map_or(0, |r| r.sampler.queued())
     }
 
     /// The agent's CPU time against the process's since the agent started, and
@@ -188,4 +271,15 @@ impl Agent {
     ) -> Vec<ModelRow> {
         profile::record(self.recorder.as_deref(), parameters, optimizer, forward)
     }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds.
+fn monotonic_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }

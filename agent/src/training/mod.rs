@@ -6,17 +6,19 @@
 //! - [`step`]: step and phase timing, the `steps` row;
 //! - [`tap`]: [`tap::Tap`], which wraps a tch module so its output is observed;
 //! - [`profile`]: the static model profile, the `model` rows;
-//! - [`memory`]: RSS and the accelerator allocator's bytes, for the `steps` row.
+//! - [`memory`]: RSS and the accelerator allocator's bytes, for the `steps` row;
+//! - `sample_buffers`: the reused buffers the recorder copies samples into.
 //!
 //! The training side is the top of the agent: it may import every other part
 //! (config, sampling, the budget, the transport), and none of them imports it.
 //! Within it the handle imports the others; step, tap and profile import only the
-//! recorder, and the recorder only memory.
+//! recorder, and the recorder only memory and sample_buffers.
 
 pub mod agent;
 pub mod memory;
 pub mod profile;
 mod recorder;
+mod sample_buffers;
 pub mod step;
 pub mod tap;
 

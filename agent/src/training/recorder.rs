@@ -1,9 +1,10 @@
 //! [`Recorder`]: the running agent of one active rank, which the handle
 //! ([`crate::Agent`]), its step guards ([`super::step`]) and its taps ([`super::tap`])
 //! share. It starts the transport and the metrics worker, takes samples on the
-//! training thread, counts the agent's time there, and sends the final rows at
-//! finish. It imports the layers below the training side (config, sampling, the
-//! budget, the transport), never the handle, the step guards or the taps.
+//! training thread (copying them into reused buffers, [`super::sample_buffers`]),
+//! counts the agent's time there, and sends the final rows at finish. It imports the
+//! layers below the training side (config, sampling, the budget, the transport), never
+//! the handle, the step guards or the taps.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,11 +16,12 @@ use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES};
 use tch::Tensor;
 
 use super::memory::{self, RssReader};
+use super::sample_buffers::SampleBuffers;
 use crate::budget::sampler::Sampler;
 use crate::config::AgentConfig;
 use crate::rows::now_us;
 use crate::sampling::worker::{self, Worker};
-use crate::sampling::{self, ConvLayout, MatrixOptions, SpectrumOptions};
+use crate::sampling::{self, ConvLayout, MatrixOptions, Sample, SpectrumOptions};
 use crate::transport::report::FinishReport;
 use crate::transport::{Transport, TransportConfig};
 use rankscope_proto::Row;
@@ -36,7 +38,8 @@ pub(crate) struct ObservedShape {
 /// samples more layers: a step is sampled whole, so the queue then holds one step's
 /// samples. Samples stay on the activation's device while queued, so this bounds
 /// the extra device memory to `max(WORKER_QUEUE, layers per step) × max_rows × cols`
-/// elements.
+/// elements. (On CPU the copies' buffers are kept for reuse until finish; they are
+/// at most as many as the queue holds, plus one being measured, per layer.)
 pub(super) const WORKER_QUEUE: usize = 16;
 
 #[derive(Debug)]
@@ -47,6 +50,9 @@ pub(crate) struct Recorder {
     /// Sample counters, the agent's CPU time and the overhead budget.
     pub(crate) sampler: Sampler,
     worker_queue: Mutex<Option<std::sync::mpsc::Sender<worker::Job>>>,
+    /// Samples kept back from the metrics thread while a measurement holds them
+    /// ([`Recorder::hold_samples`]); `None` when nothing holds them.
+    held: Mutex<Option<Vec<worker::Job>>>,
     /// True during a step whose activations are sampled.
     pub(crate) sampling: AtomicBool,
     pub(crate) step: AtomicU64,
@@ -61,6 +67,8 @@ pub(crate) struct Recorder {
     pub(crate) shapes: Mutex<Vec<ObservedShape>>,
     /// How the training thread prepares a sample.
     options: MatrixOptions,
+    /// The buffers the training thread copies samples into.
+    pub(super) buffers: SampleBuffers,
     /// This rank's identity as sent to the collector; its `ranks` row at finish.
     hello: Hello,
     report: OnceLock<FinishReport>,
@@ -135,6 +143,7 @@ impl Recorder {
             worker: Mutex::new(worker),
             sampler,
             worker_queue: Mutex::new(queue),
+            held: Mutex::new(None),
             sampling: AtomicBool::new(false),
             step: AtomicU64::new(0),
             overhead_ns: AtomicU64::new(0),
@@ -143,23 +152,29 @@ impl Recorder {
             profiling: AtomicBool::new(false),
             shapes: Mutex::new(Vec::new()),
             options,
+            buffers: SampleBuffers::default(),
             hello,
             report: OnceLock::new(),
         })
     }
 
+    /// Counts the time since `since` as the agent's on the training thread: in the
+    /// step row's `overhead_ms` and in the overhead budget.
     pub(crate) fn add_overhead(&self, since: Instant) {
-        let ns = since.elapsed().as_nanos() as u64;
-        self.overhead_ns.fetch_add(ns, Ordering::Relaxed);
-        self.sampler.add_training_ns(ns, false);
+        self.add_overhead_ns(since.elapsed().as_nanos() as u64, false);
     }
 
     /// [`Recorder::add_overhead`] for time spent taking a sample (it teaches the
     /// budget what a sample costs).
     fn add_sampling_overhead(&self, since: Instant) {
-        let ns = since.elapsed().as_nanos() as u64;
+        self.add_overhead_ns(since.elapsed().as_nanos() as u64, true);
+    }
+
+    /// `ns` of the agent's time on the training thread; `sampling` when it was spent
+    /// on a sampled step's samples (taking them, and a binding's hooks).
+    pub(crate) fn add_overhead_ns(&self, ns: u64, sampling: bool) {
         self.overhead_ns.fetch_add(ns, Ordering::Relaxed);
-        self.sampler.add_training_ns(ns, true);
+        self.sampler.add_training_ns(ns, sampling);
     }
 
     fn record_shape(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
@@ -181,13 +196,28 @@ impl Recorder {
         let step = self.step.load(Ordering::Relaxed);
         let seed = sampling::sample_seed(&self.config.run_id, self.config.rank, step, name);
         // A copy of our own: training may modify its activation in place later.
-        let prepared = sampling::prepare(&activation.detach(), &self.options, seed)
-            .and_then(|sample| sample.to_owned_copy());
+        let prepared =
+            sampling::prepare(&activation.detach(), &self.options, seed).and_then(|sample| {
+                Ok(Sample {
+                    matrix: self.buffers.copy(name, &sample.matrix)?,
+                    ..sample
+                })
+            });
         let Ok(sample) = prepared else {
             self.sampler.handed(false);
             return;
         };
         let job = worker::Job::new(step, name, sample);
+        if let Some(held) = self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            held.push(job);
+            self.sampler.handed(true);
+            return;
+        }
         let queue = self.worker_queue.lock().unwrap_or_else(|e| e.into_inner());
         // The step was admitted with room for all its samples; only a finished
         // agent refuses.
@@ -195,11 +225,51 @@ impl Recorder {
         self.sampler.handed(sent);
     }
 
+    /// Drops the samples held so far (counted as dropped), for measurements that
+    /// time the training thread with no metrics work at all. Returns how many.
+    pub(crate) fn discard_held_samples(&self) -> usize {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(jobs) = held.as_mut() else {
+            return 0;
+        };
+        let n = jobs.len();
+        jobs.clear();
+        for _ in 0..n {
+            self.sampler.handed_then_dropped();
+        }
+        n
+    }
+
+    /// `true`: samples taken from now on wait on the training side instead of going
+    /// to the metrics thread; `false`: they all go now, and later ones at once
+    /// again. For measurements that keep the metrics thread's work out of the
+    /// training steps they time (python/tests/test_api.py); a held sample counts
+    /// as queued.
+    pub(crate) fn hold_samples(&self, hold: bool) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if hold {
+            held.get_or_insert_with(Vec::new);
+            return;
+        }
+        let Some(jobs) = held.take() else {
+            return;
+        };
+        drop(held);
+        let queue = self.worker_queue.lock().unwrap_or_else(|e| e.into_inner());
+        for job in jobs {
+            if queue.as_ref().is_none_or(|q| q.send(job).is_err()) {
+                // Counted as handed when held: a refused one is dropped after all.
+                self.sampler.handed_then_dropped();
+            }
+        }
+    }
+
     pub(crate) fn finish(&self) -> FinishReport {
         if let Some(report) = self.report.get() {
             return report.clone();
         }
         self.sampling.store(false, Ordering::Relaxed);
+        self.hold_samples(false);
         self.worker_queue
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -207,6 +277,7 @@ impl Recorder {
         if let Some(mut w) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
             w.finish(self.config.finish_timeout / 2);
         }
+        self.buffers.clear();
         self.sampler.freeze();
         let mut final_rows = self.sampling_events();
         final_rows.push(Row::Rank(RankRow::from_hello(&self.hello, Some(now_us()))));
@@ -285,6 +356,18 @@ impl Recorder {
     /// Observes an activation (see [`crate::Agent::observe_kind`]). On a step that is not
     /// sampled this costs one atomic load.
     pub(crate) fn observe(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
+        self.observe_since(name, kind, activation, None);
+    }
+
+    /// [`Recorder::observe`], counting the agent's time on a sampled layer from
+    /// `since` (the caller's own work for it began then) or else from here.
+    pub(crate) fn observe_since(
+        &self,
+        name: &str,
+        kind: Option<&'static str>,
+        activation: &Tensor,
+        since: Option<Instant>,
+    ) {
         if !self.sampling.load(Ordering::Relaxed) {
             if self.profiling.load(Ordering::Relaxed) {
                 self.record_shape(name, kind, activation);
@@ -295,7 +378,7 @@ impl Recorder {
             return;
         }
         // The step was admitted whole (`Sampler::decide`): every layer is taken.
-        let started = Instant::now();
+        let started = since.unwrap_or_else(Instant::now);
         self.sample(name, activation);
         self.add_sampling_overhead(started);
     }
