@@ -13,6 +13,9 @@ sampled), from step 100 on:
 - the sampled step's extra time: median ``step_ms`` of sampled steps minus that of
   the others;
 - what the agent recorded of it: the same difference of ``overhead_ms``;
+- the extra training-thread CPU time of a sampled step (``time.thread_time_ns``
+  around each step), which other processes on a loaded machine do not inflate, as
+  they do wall time;
 - the share recorded, and where the extra time goes: each part of the step (begin,
   forward, backward, optimizer, exit) timed around the calls, in wall time, in the
   training thread's CPU time, and in its page faults.
@@ -211,13 +214,14 @@ def run(collector: str, out: Path, tmp: Path, rounds: int, steps: int, stop_coll
         f"{os.cpu_count()} cores; medians from step {WARMUP} on, sampled steps against the others, "
         "then the median over rounds",
         "",
-        "| configuration | sampled steps per run | extra step_ms of a sampled step | extra overhead_ms | recorded share |",
-        "|---|---|---|---|---|",
+        "| configuration | sampled steps per run | extra step_ms of a sampled step | extra training-thread CPU | extra overhead_ms | recorded share of step_ms / of CPU |",
+        "|---|---|---|---|---|---|",
     ]
     for c in CONFIGS:
-        step, over = med(c, "step"), med(c, "overhead")
+        step, over, cpu = med(c, "step"), med(c, "overhead"), med(c, "total cpu") / 1e3
         lines.append(
-            f"| {c} | {med(c, 'sampled'):.0f} | {step:.3f} ms | {over:.3f} ms | {100 * over / step:.0f} % |"
+            f"| {c} | {med(c, 'sampled'):.0f} | {step:.3f} ms | {cpu:.3f} ms | {over:.3f} ms "
+            f"| {100 * over / step:.0f} % / {100 * over / cpu:.0f} % |"
         )
     lines.append(
         f"\nafter / before: the sampled step's extra time x{med('after', 'step') / med('before', 'step'):.2f}, "
