@@ -11,6 +11,8 @@
 3. ``overhead_ms`` against what a sampled step costs the training thread, before
    and after the agent counted its Python side and reused its sample buffers
    (``accounting.py``).
+4. The first sample of a run against later ones, and the samples a 60-step and a
+   1,000-step run get from the default budget (``first_sample.py``).
 
 Every rank gets one intra-op thread, so with 2 ranks on a 2-core machine every
 core is given to training. The collector runs out of process.
@@ -32,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import accounting  # noqa: E402  (beside this file)
+import first_sample  # noqa: E402  (beside this file)
 
 EXAMPLE = HERE.parent / "rankscope" / "examples" / "ddp_train.py"
 
@@ -170,10 +173,11 @@ def main() -> int:
     p.add_argument("--micro-steps", type=int, default=20000)
     p.add_argument("--accounting-rounds", type=int, default=4)
     p.add_argument("--accounting-steps", type=int, default=2000)
+    p.add_argument("--first-sample-rounds", type=int, default=3)
     p.add_argument(
         "--parts",
-        default="ab,unsampled,accounting",
-        help="which parts to run, comma-separated (default: all three)",
+        default="ab,unsampled,accounting,first",
+        help="which parts to run, comma-separated (default: all four)",
     )
     args = p.parse_args()
     parts = set(args.parts.split(","))
@@ -192,10 +196,17 @@ def main() -> int:
                     lines += ab(args, nproc, addr, Path(tmp))
             if "unsampled" in parts:
                 lines += unsampled_step_cost(args, addr)
+            # These two read the tables once the collector has stopped and committed
+            # them, so each has a collector of its own (`stop_collector` stops the
+            # one started last).
             if "accounting" in parts:
                 lines += accounting.run(
                     addr, Path(tmp) / "out", Path(tmp), args.accounting_rounds, args.accounting_steps, stop_collector
                 )
+            if "first" in parts:
+                stop_collector()
+                proc, addr = start_collector(Path(tmp) / "out-first")
+                lines += first_sample.run(addr, Path(tmp) / "out-first", args.first_sample_rounds, stop_collector)
         finally:
             stop_collector()
     print("\n".join(lines))

@@ -270,6 +270,20 @@ fn samples_skipped_for_the_overhead_budget_are_counted_as_events() {
     assert_eq!(layers + skipped[0], steps * MLP_LAYERS);
     assert_eq!(event("samples_dropped"), Vec::<u64>::new());
     assert_eq!(event("overhead_share").len(), 1);
+    // The agent's threads set up at init (the metrics thread's warm-up, the
+    // transport's start and first connection), and that time is named apart (left
+    // out of the budget), not charged to the first sample.
+    let message = duckdb(&format!(
+        "select message from {} where kind = 'overhead_share'",
+        table(out, "events")
+    ));
+    let warm_up_ms: f64 = message
+        .split("set-up at init (")
+        .nth(1)
+        .and_then(|rest| rest.split(" ms").next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no set-up time in {message:?}"));
+    assert!(warm_up_ms > 0.0, "{message}");
     // The budget is recorded with the run, as a fraction, and the summary
     // states it as it was given.
     assert_eq!(

@@ -5,7 +5,9 @@
 //! The agent's CPU time is measured, not estimated: the CPU clocks of its metrics
 //! and transport threads ([`super::cpu_clock`]) plus its time on the training
 //! thread (the `overhead_ms` of the step rows). The process's CPU time is
-//! `CLOCK_PROCESS_CPUTIME_ID`. Both are read at each planned sample (every
+//! `CLOCK_PROCESS_CPUTIME_ID`. The one-time set-up of the agent's threads at `init`
+//! (the metrics thread's warm-up, the transport thread's start and first
+//! connection) is left out of both ([`super::sampler`]). Both are read at each planned sample (every
 //! `RANKSCOPE_SAMPLE_EVERY` steps), never on other steps.
 //!
 //! At a planned sample the [`BudgetController`] looks at a sliding window: the

@@ -52,6 +52,11 @@ pub struct Overhead {
     pub transport_ns: u64,
     /// The whole process's CPU time since the agent started.
     pub process_ns: u64,
+    /// The one-time set-up of the agent's threads at `init`, left out of
+    /// `agent_ns`, `metrics_ns`, `transport_ns` and `process_ns`: the metrics
+    /// thread's warm-up (its start included) and the transport thread's start and
+    /// first connection.
+    pub set_up_ns: u64,
 }
 
 impl Overhead {
@@ -66,8 +71,12 @@ impl Overhead {
 pub(crate) struct WorkerCounters {
     /// Samples the worker is done with (measured or skipped at finish).
     pub done: AtomicU64,
-    /// The worker thread's CPU time, as it last read its own clock.
+    /// The worker thread's CPU time, as it last read its own clock, less its
+    /// warm-up.
     pub cpu_ns: AtomicU64,
+    /// The worker thread's CPU time up to the end of its warm-up (its start
+    /// included): one-time set-up at `init`, left out of the budget on both sides.
+    pub warm_up_ns: AtomicU64,
     /// Its CPU time at the end of its first sample (its start included).
     pub first_ns: AtomicU64,
     /// Samples dropped (queued when finish stopped waiting).
@@ -92,6 +101,9 @@ pub(crate) struct Sampler {
     transport_clock: Option<ThreadClock>,
     /// The transport thread's CPU time at its last read; frozen at finish.
     transport_ns: AtomicU64,
+    /// The transport thread's one-time set-up (its start and first connection),
+    /// left out like the metrics thread's warm-up.
+    transport_set_up_ns: Arc<AtomicU64>,
     frozen: AtomicBool,
     pub worker: Arc<WorkerCounters>,
     /// Samples taken on the training thread, and handed to the metrics thread.
@@ -110,7 +122,13 @@ pub(crate) struct Sampler {
 }
 
 impl Sampler {
-    pub fn new(budget: OverheadBudget, transport_clock: Option<ThreadClock>) -> Sampler {
+    /// A sampler holding the agent to `budget`, reading the transport thread's clock
+    /// (`None`: not counted) and leaving out its set-up time, `transport_set_up_ns`.
+    pub fn new(
+        budget: OverheadBudget,
+        transport_clock: Option<ThreadClock>,
+        transport_set_up_ns: Arc<AtomicU64>,
+    ) -> Sampler {
         Sampler {
             gate: Mutex::new(Gate {
                 controller: BudgetController::new(budget),
@@ -122,6 +140,7 @@ impl Sampler {
             process_at_start: cpu_clock::process_ns(),
             transport_clock,
             transport_ns: AtomicU64::new(0),
+            transport_set_up_ns,
             frozen: AtomicBool::new(false),
             worker: Arc::default(),
             taken: AtomicU64::new(0),
@@ -243,8 +262,12 @@ impl Sampler {
             training_ns: self.training_ns.load(Ordering::Relaxed),
             training_sample_ns: self.training_sample_ns.load(Ordering::Relaxed),
             metrics_ns: self.worker.cpu_ns.load(Ordering::Relaxed),
-            transport_ns: self.transport_ns.load(Ordering::Relaxed),
+            transport_ns: self
+                .transport_ns
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.transport_set_up()),
             process_ns: now.process_ns,
+            set_up_ns: self.set_up(),
         }
     }
 
@@ -271,12 +294,27 @@ impl Sampler {
         self.transport_ns.load(Ordering::Relaxed)
     }
 
-    /// The process's and the agent's CPU time since the agent started.
+    /// The transport thread's set-up time (0 until it is known).
+    fn transport_set_up(&self) -> u64 {
+        self.transport_set_up_ns.load(Ordering::Relaxed)
+    }
+
+    /// The agent's threads' one-time set-up at `init` (see [`Overhead::set_up_ns`]).
+    fn set_up(&self) -> u64 {
+        self.worker.warm_up_ns.load(Ordering::Relaxed) + self.transport_set_up()
+    }
+
+    /// The process's and the agent's CPU time since the agent started, both without
+    /// the set-up of the agent's threads at `init` (not a sample's cost).
     fn cpu_times(&self) -> Option<CpuTimes> {
-        let process_ns = cpu_clock::process_ns()?.saturating_sub(self.process_at_start?);
+        let process_ns = cpu_clock::process_ns()?
+            .saturating_sub(self.process_at_start?)
+            .saturating_sub(self.set_up());
         let agent_ns = self.training_ns.load(Ordering::Relaxed)
             + self.worker.cpu_ns.load(Ordering::Relaxed)
-            + self.transport_cpu_ns();
+            + self
+                .transport_cpu_ns()
+                .saturating_sub(self.transport_set_up());
         Some(CpuTimes {
             process_ns,
             agent_ns,
@@ -304,7 +342,11 @@ mod tests {
             rng % bound
         };
         for _case in 0..200 {
-            let sampler = Sampler::new(OverheadBudget::from_percent(100.0).unwrap(), None);
+            let sampler = Sampler::new(
+                OverheadBudget::from_percent(100.0).unwrap(),
+                None,
+                Arc::default(),
+            );
             let layers = 1 + next(40);
             let (mut admitted, mut refused) = (0, 0);
             for _step in 0..300 {

@@ -8,6 +8,13 @@
 //! skipped, [`crate::budget::sampler`]), and the overhead budget keeps the worker's CPU
 //! time within its share ([`crate::budget`]): the worker runs in the normal
 //! scheduling class and reports its own CPU time after each sample.
+//!
+//! Before its first job the thread warms up ([`warm_up`]): it prepares and measures
+//! a small synthetic sample, so libtorch's one-time set-up (its first calls, the
+//! LAPACK eigen-solver's, the thread's intra-op pool) is paid at `init`, off the
+//! training thread, and not by the run's first sample. Its CPU time is reported
+//! apart ([`WorkerCounters::warm_up_ns`]) and left out of the overhead budget, which
+//! then learns what a sample costs from a first sample that costs what later ones do.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,9 +24,12 @@ use std::time::{Duration, Instant};
 
 use rankscope_proto::v1::EventRow;
 
+use tch::{Device, Kind, Tensor};
+
 use super::measure::measure;
-use super::options::SpectrumOptions;
-use super::prepare::Sample;
+use super::options::{ConvLayout, MatrixOptions, SpectrumMode, SpectrumOptions};
+use super::prepare::{Sample, prepare};
+use super::sketch::SKETCH_MIN_SIDE;
 use crate::budget::cpu_clock;
 use crate::budget::sampler::WorkerCounters;
 use crate::rows::now_us;
@@ -48,6 +58,45 @@ impl Job {
     }
 }
 
+/// Rows and columns of the warm-up's synthetic activation: past the row cap's
+/// default, so row sampling runs too, and small enough to cost a few milliseconds.
+const WARM_UP_SHAPE: [i64; 2] = [320, 48];
+
+/// Runs the metrics path once on a synthetic sample, so that libtorch's one-time
+/// set-up for it happens now rather than in the run's first sample: the ops of
+/// [`prepare`] (whose first calls set up state shared by every thread) and of
+/// [`measure`] (the Gram matrix, the eigen-solve, the health statistics), and the
+/// sketch's where the configured mode always sketches a wide enough matrix. On a
+/// CUDA device, whose samples are measured there, it also pays for the device's
+/// first calls on this thread (the solver's handle among them). Its result is
+/// thrown away; a failure only means the first sample pays instead.
+pub(crate) fn warm_up(centered: bool, spectrum: &SpectrumOptions, device: Device) {
+    let _guard = tch::no_grad_guard();
+    let options = MatrixOptions {
+        max_rows: 256,
+        centered,
+        conv_layout: ConvLayout::default(),
+        spectrum: *spectrum,
+    };
+    let Ok(activation) = Tensor::f_randn(WARM_UP_SHAPE, (Kind::Float, device)) else {
+        return;
+    };
+    if let Ok(sample) = prepare(&activation, &options, 0x5eed) {
+        let _ = measure(&sample, centered, spectrum);
+    }
+    if spectrum.mode == SpectrumMode::Sketch {
+        let side = SKETCH_MIN_SIDE;
+        if let Ok(wide) = Tensor::f_randn([side, side], (Kind::Float, device)) {
+            let sample = Sample {
+                matrix: wide,
+                conv_layout: "",
+                seed: 0x5eed,
+            };
+            let _ = measure(&sample, centered, spectrum);
+        }
+    }
+}
+
 /// The worker thread and its queue.
 #[derive(Debug)]
 pub struct Worker {
@@ -60,11 +109,14 @@ pub struct Worker {
 impl Worker {
     /// Starts the thread; it counts the jobs it is done with, its CPU time, and
     /// the jobs it skips at finish (dropped) in `counters`.
+    /// `cuda`: the index of the CUDA device this rank's samples come from, which the
+    /// warm-up sets up too.
     pub(crate) fn start(
         transport: Arc<Transport>,
         centered: bool,
         spectrum: SpectrumOptions,
         counters: Arc<WorkerCounters>,
+        cuda: Option<usize>,
     ) -> std::io::Result<Worker> {
         // Unbounded as a channel: the training side admits a step only when the
         // queue has room for all its samples (`Sampler::decide`), which bounds it.
@@ -78,9 +130,19 @@ impl Worker {
                 if super::threads::limit_this_thread(1).is_none() {
                     tracing::debug!("cannot limit the metrics worker's intra-op threads");
                 }
+                warm_up(centered, &spectrum, Device::Cpu);
+                if let Some(index) = cuda {
+                    warm_up(centered, &spectrum, Device::Cuda(index));
+                }
+                // The warm-up (and the thread's start) is the agent's set-up, not a
+                // sample's cost: the CPU time reported from here on leaves it out.
+                let warm_up_ns = cpu_clock::this_thread_ns().unwrap_or(0);
+                counters.warm_up_ns.store(warm_up_ns, Ordering::Relaxed);
                 let report_cpu = || {
                     if let Some(ns) = cpu_clock::this_thread_ns() {
-                        counters.cpu_ns.store(ns, Ordering::Relaxed);
+                        counters
+                            .cpu_ns
+                            .store(ns.saturating_sub(warm_up_ns), Ordering::Relaxed);
                     }
                 };
                 for job in rx {

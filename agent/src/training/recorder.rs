@@ -122,21 +122,26 @@ impl Recorder {
                 sketch_threshold: config.sketch_threshold,
             },
         };
-        let sampler = Sampler::new(config.overhead_budget, transport.cpu_clock());
+        let sampler = Sampler::new(
+            config.overhead_budget,
+            transport.cpu_clock(),
+            transport.set_up_ns(),
+        );
+        let device_index = tch::Cuda::is_available()
+            .then_some(config.local_rank as i32 % tch::Cuda::device_count().max(1) as i32);
         let (worker, queue) = if config.samples_layers() {
             let w = Worker::start(
                 transport.clone(),
                 config.centered,
                 options.spectrum,
                 sampler.worker.clone(),
+                device_index.and_then(|i| usize::try_from(i).ok()),
             )?;
             let queue = w.sender();
             (Some(w), queue)
         } else {
             (None, None)
         };
-        let device_index = tch::Cuda::is_available()
-            .then_some(config.local_rank as i32 % tch::Cuda::device_count().max(1) as i32);
         Ok(Recorder {
             config,
             transport,
@@ -320,13 +325,14 @@ impl Recorder {
             rows.push(event(
                 crate::rows::event_kind::OVERHEAD_SHARE,
                 format!(
-                    "the agent used {:.1} ms (training thread {:.1}, metrics thread {:.1}, transport thread {:.1}) of the process's {:.1} ms of CPU time ({:.2} %; budget {budget}); value in millionths",
+                    "the agent used {:.1} ms (training thread {:.1}, metrics thread {:.1}, transport thread {:.1}) of the process's {:.1} ms of CPU time ({:.2} %; budget {budget}); the agent's threads' set-up at init ({:.1} ms: the metrics thread's warm-up, the transport thread's start and first connection) is left out of both; value in millionths",
                     overhead.agent_ns as f64 / 1e6,
                     overhead.training_ns as f64 / 1e6,
                     overhead.metrics_ns as f64 / 1e6,
                     overhead.transport_ns as f64 / 1e6,
                     overhead.process_ns as f64 / 1e6,
-                    share * 100.0
+                    share * 100.0,
+                    overhead.set_up_ns as f64 / 1e6,
                 ),
                 (share * 1e6).round() as u64,
             ));

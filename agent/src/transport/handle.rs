@@ -71,6 +71,12 @@ impl Transport {
             .and_then(crate::budget::cpu_clock::ThreadClock::of)
     }
 
+    /// The transport thread's one-time set-up CPU time (0 until its first connection
+    /// attempt is over), for the overhead budget to leave out.
+    pub fn set_up_ns(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.counters.set_up_ns.clone()
+    }
+
     /// Queues a row, or gives it back when the queue is full (nothing counted): for
     /// producers that can wait, such as the load generator.
     // The row comes back by value: boxing it would allocate on the hot path.
