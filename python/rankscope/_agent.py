@@ -13,13 +13,17 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from . import _native
+from . import _collectives, _native
 from ._native import NativeStep, Report
 
 PHASES = ("data", "forward", "backward", "optimizer")
 """The phases a step can be split into; any other name is a ValueError."""
 
 _DDP_PREFIX = "module."
+
+_WRAPPER_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+"""Module-path parts that wrappers add (FSDP1, activation checkpointing,
+torch.compile) and layer names leave out."""
 
 
 def init(
@@ -103,6 +107,7 @@ class Agent:
         self._cuda = torch.cuda.is_available()
         self._deferred: Optional[_Deferred] = _Deferred(native) if self._cuda else None
         self._report: Optional[Report] = None
+        _collectives.install(native, self._deferred)
         # Finish at exit without keeping the agent alive just for that.
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().finish())
@@ -167,11 +172,14 @@ class Agent:
         """Records the static model profile (the ``model`` table): per layer its
         kind, parameters, parameter, gradient and optimizer-state bytes, and
         forward FLOPs for ``example_input``'s batch. Runs one forward pass with
-        gradients off (on the unwrapped module, so no collective runs). A tuple
+        gradients off (on the unwrapped module, so no DDP collective runs; an
+        FSDP2 model all-gathers its parameters for it). Sharded (FSDP2)
+        parameters count whole in ``params`` and the FLOPs, and as this rank's
+        shard in the byte columns. A tuple
         input is passed as positional arguments, a dict as keywords. Returns the
         rows."""
         inner = _unwrap(model)
-        params = [(name, p) for name, p in inner.named_parameters()]
+        params = [_profiled(layer_name(name), p) for name, p in inner.named_parameters()]
         layers = self._watched or [
             (n, m, k) for n, m, k in _layers(inner) if self._native.wants_layer(n)
         ]
@@ -222,12 +230,25 @@ class Agent:
         later process or ``rankscope replay``). Callable more than once; also runs
         at interpreter exit."""
         if self._report is None:
+            _collectives.stop(self._native)
             if self._deferred is not None:
                 self._deferred.flush()
             self._report = self._native.finish()
         return self._report
 
     # -- communication -------------------------------------------------------------
+
+    def time_collectives(self, on: bool = True) -> None:
+        """Times every ``torch.distributed`` collective into the ``comm`` table
+        (on by default from :func:`rankscope.init`): per step and kind
+        (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``,
+        ``other``) their count, bytes and time from launch to completion. FSDP2's
+        all-gathers and reduce-scatters are among them. ``on=False`` stops it; the
+        collectives then run without any wrapper work."""
+        if on:
+            _collectives.install(self._native, self._deferred)
+        else:
+            _collectives.stop(self._native)
 
     def wrap_comm_hook(self, hook: Callable) -> Callable:
         """Wraps a DDP communication hook ``hook(state, bucket) -> Future`` so its
@@ -326,6 +347,9 @@ class InertAgent:
     def wrap_comm_hook(self, hook: Callable) -> Callable:
         return hook
 
+    def time_collectives(self, on: bool = True) -> None:
+        pass
+
     def finish(self) -> Report:
         return _EMPTY_REPORT
 
@@ -413,6 +437,8 @@ class _Deferred:
     def __init__(self, native: "_native.NativeAgent") -> None:
         self.native = native
         self.comm_events: list = []
+        # (kind, bytes, start event, end event) of the collectives timed on CUDA.
+        self.collectives: list = []
         self.pending: list = []
 
     # The Python work here is the agent's time on the training thread, handed to the
@@ -422,8 +448,9 @@ class _Deferred:
         entered = perf_counter_ns()
         done = torch.cuda.Event()
         done.record()
-        self.pending.append((s, tensors, self.comm_events, done))
+        self.pending.append((s, tensors, (self.comm_events, self.collectives), done))
         self.comm_events = []
+        self.collectives = []
         self.poll(entered)
 
     def poll(self, entered: int) -> None:
@@ -437,13 +464,23 @@ class _Deferred:
         while self.pending:
             self._send(*self.pending.pop(0)[:3], perf_counter_ns())
 
-    def _send(self, s: NativeStep, tensors: dict, events: list, entered: int) -> int:
+    def _send(self, s: NativeStep, tensors: dict, events: tuple, entered: int) -> int:
+        buckets, collectives = events
         values = {k: float(v.reshape(-1)[0]) for k, v in tensors.items()}
-        comm = sum(a.elapsed_time(b) for a, b in events) if events else None
+        comm = sum(a.elapsed_time(b) for a, b in buckets) if buckets else None
+        kinds: dict = {}
+        for kind, nbytes, start, end in collectives:
+            count, total, ms = kinds.get(kind, (0, 0, 0.0))
+            # An end event recorded after the step's own (a late completion) may
+            # not be complete yet: it counts, without its time.
+            done = end.query()
+            kinds[kind] = (count + 1, total + nbytes, ms + (start.elapsed_time(end) if done else 0.0))
         self.native.add_overhead_since(entered)
         s.record(**values)
         if comm is not None:
             s.set_comm_ms(comm)
+        for kind, (count, total, ms) in kinds.items():
+            s.add_comm(kind, count, total, ms)
         s.send()
         return perf_counter_ns()
 
@@ -465,6 +502,16 @@ def _bucket_result(f: torch.futures.Future) -> torch.Tensor:
     return value[0] if isinstance(value, list) else value
 
 
+def _profiled(name: str, p: torch.Tensor) -> Tuple[str, torch.Tensor, Optional[List[int]]]:
+    """A parameter for the profile: this rank's tensor, and the whole parameter's
+    shape where it is a shard (an FSDP2 ``DTensor``)."""
+    to_local = getattr(p, "to_local", None)
+    if to_local is None:
+        return name, p, None
+    local = to_local().detach().requires_grad_(p.requires_grad)
+    return name, local, list(p.shape)
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if _is_ddp(model) else model
 
@@ -477,8 +524,7 @@ def _layers(model: nn.Module) -> List[Tuple[str, nn.Module, Optional[str]]]:
     """Leaf modules with parameters, and attention modules, by module path."""
     out = []
     for name, module in model.named_modules():
-        if name.startswith(_DDP_PREFIX):
-            name = name[len(_DDP_PREFIX):]
+        name = layer_name(name)
         if not name:
             continue
         if isinstance(module, nn.MultiheadAttention):
@@ -489,6 +535,18 @@ def _layers(model: nn.Module) -> List[Tuple[str, nn.Module, Optional[str]]]:
         if leaf and has_params:
             out.append((name, module, None))
     return out
+
+
+def layer_name(path: str) -> str:
+    """A module path as a layer name: without DDP's leading ``module.`` and
+    without the parts wrappers add (``_fsdp_wrapped_module``,
+    ``_checkpoint_wrapped_module``, ``_orig_mod``), so a layer is named the same
+    however the model is wrapped."""
+    if path.startswith(_DDP_PREFIX):
+        path = path[len(_DDP_PREFIX):]
+    if not any(part in path for part in _WRAPPER_PARTS):
+        return path
+    return ".".join(p for p in path.split(".") if p not in _WRAPPER_PARTS)
 
 
 def _keep_hook(native: "_native.NativeAgent", name: str, module: nn.Module, kind: Optional[str]) -> None:
