@@ -148,8 +148,9 @@ class Agent:
         Returns the watched layer names, after the ``layers`` filter.
         """
         inner = _unwrap(model)
+        compiled = _compiled_paths(inner)
         added = []
-        for name, module, kind in _layers(inner):
+        for name, module, kind in _layers(inner, skip=compiled):
             if self._native.wants_layer(name) and not any(w[1] is module for w in self._watched):
                 self._watched.append((name, module, kind))
                 _keep_hook(self._native, name, module, kind)
@@ -183,6 +184,8 @@ class Agent:
         layers = self._watched or [
             (n, m, k) for n, m, k in _layers(inner) if self._native.wants_layer(n)
         ]
+        # A compiled model's shapes are seen on its original module (no compile).
+        inner = getattr(inner, "_orig_mod", inner)
 
         def forward() -> None:
             native = self._native
@@ -520,11 +523,40 @@ def _is_ddp(model: nn.Module) -> bool:
     return isinstance(model, torch.nn.parallel.DistributedDataParallel)
 
 
-def _layers(model: nn.Module) -> List[Tuple[str, nn.Module, Optional[str]]]:
-    """Leaf modules with parameters, and attention modules, by module path."""
+def _compiled_paths(model: nn.Module) -> List[str]:
+    """The module paths of ``torch.compile``d modules in ``model``, with a warning
+    that their layers are not watched: a compiled graph does not run forward hooks
+    added or removed after it was traced (it keeps what it traced, or recompiles),
+    so their samples would be wrong or missing."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:  # pragma: no cover: torch without dynamo
+        return []
+    paths = [path for path, m in model.named_modules() if isinstance(m, OptimizedModule)]
+    if paths:
+        shown = ", ".join(repr(p or "the model") for p in paths[:3])
+        warnings.warn(
+            f"rankscope does not watch the layers of torch.compile'd modules ({shown}): "
+            "a compiled graph does not run forward hooks put in place per step. Steps, "
+            "phases, collectives and the profile are recorded as usual; to sample their "
+            "layers, watch and train the model without torch.compile",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return paths
+
+
+def _layers(
+    model: nn.Module, skip: Iterable[str] = ()
+) -> List[Tuple[str, nn.Module, Optional[str]]]:
+    """Leaf modules with parameters, and attention modules, by module path,
+    except those under the module paths in ``skip``."""
+    skip = tuple(skip)
     out = []
-    for name, module in model.named_modules():
-        name = layer_name(name)
+    for path, module in model.named_modules():
+        if skip and any(path == s or path.startswith(s + ".") or not s for s in skip):
+            continue
+        name = layer_name(path)
         if not name:
             continue
         if isinstance(module, nn.MultiheadAttention):

@@ -176,3 +176,44 @@ def test_layer_names_leave_out_wrapper_parts(path):
     from rankscope._agent import layer_name
 
     assert layer_name(path) in ("blocks.0.mlp", "fc")
+
+
+def report(out: Path, run_id: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "rankscope", "report", str(out), "--run", run_id, "--json", "-"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("slow", [True, False], ids=["a slow rank", "an even run"])
+def test_the_straggler_diagnosis_reads_fsdp_collectives(collector, tmp_path, monkeypatch, slow):
+    monkeypatch.setenv("RANKSCOPE_MODE", "steps")
+    run_id = "fsdp-slow" if slow else "fsdp-even"
+    extra = ["--slow-rank", "1", "--slow-ms", "60"] if slow else []
+    torchrun(collector, run_id, 2, ["-m", "rankscope.examples.fsdp_train", "--steps", "30", *extra], tmp_path)
+    assert collector.stop() == 0
+    r = report(collector.out, run_id)
+    stragglers = [d for d in r["diagnoses"] if d["kind"] == "straggler"]
+    if slow:
+        assert [(d["rank"], d["signal"]) for d in stragglers] == [(1, "comm_ms")], r["diagnoses"]
+    else:
+        assert stragglers == [], stragglers
+    # The report shows each rank's collectives by kind, with bandwidth.
+    for rank in r["ranks"]:
+        assert set(rank["comm"]) >= {"all_gather", "reduce_scatter"}, rank
+        assert all(c["mb_per_s"] > 0 for c in rank["comm"].values()), rank
+
+
+def test_compiled_modules_are_not_watched_and_a_warning_says_why(collector):
+    import torch
+
+    import rankscope
+
+    agent = rankscope.init(collector=collector.addr, run_id="compiled")
+    model = nn.Sequential(nn.Linear(4, 4), torch.compile(nn.Sequential(nn.Linear(4, 4))))
+    with pytest.warns(RuntimeWarning, match="torch.compile'd modules .*'1'"):
+        assert agent.watch(model) == ["0"]
+    agent.finish()

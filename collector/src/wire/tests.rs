@@ -322,11 +322,11 @@ fn occurrences_merge_and_the_last_value_wins() {
     let bytes = [len_field(2, &three), len_field(1, &hello)].concat();
     assert!(agrees(&bytes));
     assert!(matches!(
-        decode_agent_message(&bytes, &[0; 6]),
+        decode_agent_message(&bytes, &[0; Table::ALL.len()]),
         Ok(Message::Hello(h)) if h.run_id == "r"
     ));
     assert!(matches!(
-        decode_agent_message(&[], &[0; 6]),
+        decode_agent_message(&[], &[0; Table::ALL.len()]),
         Ok(Message::Empty)
     ));
 }
