@@ -236,13 +236,13 @@ impl NativeAgent {
         };
         let mut failure = None;
         let rows = self.agent.profile_sharded(
-            parameters
-                .into_iter()
-                .map(|(path, t, whole_shape)| rankscope_agent::training::profile::Parameter {
+            parameters.into_iter().map(|(path, t, whole_shape)| {
+                rankscope_agent::training::profile::Parameter {
                     path,
                     tensor: t.0,
                     whole_shape,
-                }),
+                }
+            }),
             optimizer,
             || {
                 if let Err(error) = forward.call0() {

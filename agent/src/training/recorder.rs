@@ -212,12 +212,7 @@ impl Recorder {
             return;
         };
         let job = worker::Job::new(step, name, sample);
-        if let Some(held) = self
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        {
+        if let Some(held) = self.held.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             held.push(job);
             self.sampler.handed(true);
             return;
