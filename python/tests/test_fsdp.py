@@ -173,7 +173,7 @@ def test_a_loop_of_all_reduce_and_broadcast_records_both_kinds(collector, tmp_pa
 
 @pytest.mark.parametrize("path", ["_fsdp_wrapped_module.blocks.0._checkpoint_wrapped_module.mlp", "_orig_mod.fc", "module.fc"])
 def test_layer_names_leave_out_wrapper_parts(path):
-    from rankscope._agent import layer_name
+    from rankscope._modules import layer_name
 
     assert layer_name(path) in ("blocks.0.mlp", "fc")
 
