@@ -17,8 +17,9 @@ FSDP2 (``fully_shard``) calls ``dist.all_gather_single`` and
 ``reduce_scatter_tensor`` before) through the ``torch.distributed`` module, so it
 is seen; so are user loops and DDP's communication hook. Not seen: functional
 collectives (``torch.distributed._functional_collectives``, used by DTensor
-redistribution and compiled graphs), object collectives, and functions imported by
-name before :func:`install` ran.
+redistribution and compiled graphs), collectives inside a graph that
+``torch.compile`` traces (the wrapper steps aside there, so dynamo sees the original),
+object collectives, and functions imported by name before :func:`install` ran.
 
 Nothing here may stop training: the original runs even if our own bookkeeping
 fails, and a failure there is warned about once and then ignored.
@@ -91,6 +92,11 @@ def original(name: str) -> Callable:
     return _originals.get(name) or getattr(dist, name)
 
 
+def _compiling() -> bool:
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling()) if is_compiling is not None else False
+
+
 def _dist() -> Any:
     try:
         import torch.distributed as dist
@@ -103,7 +109,9 @@ def _wrap(fn: Callable, kind: str) -> Callable:
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
         native = _native
-        if native is None:
+        # Inside a graph torch.compile traces, the original alone: dynamo then
+        # sees the collective it knows (and maps to a functional one) as before.
+        if native is None or _compiling():
             return fn(*args, **kwargs)
         entered = perf_counter_ns()
         try:
