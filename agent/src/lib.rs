@@ -31,6 +31,8 @@ pub use rows::{event_kind, now_us};
 #[cfg(feature = "torch")]
 pub use training::Agent;
 #[cfg(feature = "torch")]
+pub use training::comm::CommKind;
+#[cfg(feature = "torch")]
 pub use training::profile::Optimizer;
 #[cfg(feature = "torch")]
 pub use training::step::{Phase, StepGuard};

@@ -1,6 +1,6 @@
 //! The query layer: SQL over the collector's output directory through DataFusion.
 //!
-//! Each of the six tables is registered as a listing table over its folder
+//! Each of the seven tables is registered as a listing table over its folder
 //! (`OUT/<table>/run_id=<run>/part-*.parquet`), with the schema the collector of
 //! this release writes. Older files that lack a newer column read it as null, and
 //! a column of another type is an error naming it. Only committed `*.parquet`
@@ -280,12 +280,20 @@ impl Dataset {
             }
         }
         for b in &self.sql(&format!(
-            "SELECT CAST(rank AS BIGINT) AS rank, CAST(step AS BIGINT) AS step,
-                    step_ms, data_ms, forward_ms, backward_ms, optimizer_ms, comm_ms,
-                    overhead_ms, loss, grad_norm,
-                    CAST(rss_bytes AS BIGINT) AS rss_bytes,
-                    CAST(device_allocated_bytes AS BIGINT) AS device_allocated_bytes
-             FROM steps WHERE run_id = {id} ORDER BY rank, step"
+            // A step's communication time: DDP's all-reduce (`steps.comm_ms`), else
+            // every collective of the step (`comm`, FSDP's all-gathers and
+            // reduce-scatters among them).
+            "SELECT CAST(s.rank AS BIGINT) AS rank, CAST(s.step AS BIGINT) AS step,
+                    s.step_ms, s.data_ms, s.forward_ms, s.backward_ms, s.optimizer_ms,
+                    coalesce(s.comm_ms, c.comm_ms) AS comm_ms,
+                    s.overhead_ms, s.loss, s.grad_norm,
+                    CAST(s.rss_bytes AS BIGINT) AS rss_bytes,
+                    CAST(s.device_allocated_bytes AS BIGINT) AS device_allocated_bytes
+             FROM steps s
+             LEFT JOIN (SELECT rank, step, sum(comm_ms) AS comm_ms FROM comm
+                        WHERE run_id = {id} AND step IS NOT NULL GROUP BY rank, step) c
+               ON c.rank = s.rank AND c.step = s.step
+             WHERE s.run_id = {id} ORDER BY rank, step"
         ))? {
             let rank = ints(b, "rank")?;
             let step = ints(b, "step")?;

@@ -250,8 +250,11 @@ mod tests {
             steps: vec![StepRow::default(); 3],
             ..Default::default()
         };
-        let batch =
-            crate::wire::decode_batch(&prost::Message::encode_to_vec(&batch), &[0; 6]).unwrap();
+        let batch = crate::wire::decode_batch(
+            &prost::Message::encode_to_vec(&batch),
+            &[0; Table::ALL.len()],
+        )
+        .unwrap();
         rows.add("a", BatchRows::of(&batch));
         rows.add("a", BatchRows::of(&batch));
         assert_eq!(rows.table(Table::Steps), 6);

@@ -303,6 +303,16 @@ pub fn reference_records(batch: &Batch, run_id: &str, rank: u32) -> Vec<(Table, 
                 cols.i64(rows, |r| r.value);
                 cols.u64(rows, |r| r.step);
             }
+            Table::Comm => {
+                let rows = &batch.comm;
+                cols.head(run_id, rank, seq, rows.len());
+                cols.u64(rows, |r| r.step);
+                cols.time(rows, |r| Some(r.time));
+                cols.str(rows, |r| &r.kind);
+                cols.u64(rows, |r| Some(r.count));
+                cols.u64(rows, |r| Some(r.bytes));
+                cols.f64(rows, |r| Some(r.comm_ms));
+            }
         }
         let record_batch = RecordBatch::try_new(table::schema(table), cols.0)
             .unwrap_or_else(|e| panic!("the reference columns of {}: {e}", table.name()));
@@ -378,7 +388,7 @@ mod tests {
     //! random bytes, and valid messages mutated the way a fuzzer mutates them.
 
     use super::*;
-    use rankscope_proto::v1::{EventRow, LayerRow, ModelRow, RankRow, RunRow, StepRow};
+    use rankscope_proto::v1::{CommRow, EventRow, LayerRow, ModelRow, RankRow, RunRow, StepRow};
 
     /// Seeded, so a failure reproduces.
     struct Rng(rand::rngs::StdRng);
@@ -461,6 +471,14 @@ mod tests {
                     value: Some(-1),
                     ..Default::default()
                 }],
+                comm: vec![CommRow {
+                    step: Some(3),
+                    kind: "reduce_scatter".into(),
+                    count: 2,
+                    bytes: u64::MAX,
+                    comm_ms: f64::NAN,
+                    ..Default::default()
+                }],
             })),
         }
     }
@@ -508,7 +526,7 @@ mod tests {
         );
         assert_eq!(
             agent_message(&valid_batch(1).encode_to_vec()),
-            Outcome::Batch { rows: 10, files: 6 }
+            Outcome::Batch { rows: 11, files: 7 }
         );
         assert!(matches!(
             agent_message(&valid_batch(0).encode_to_vec()),

@@ -701,7 +701,7 @@ mod tests {
         };
         let bytes = batch_bytes(b);
         assert_eq!(batch_rows_on_wire(&bytes), Ok(9));
-        assert_eq!(table_rows_on_wire(&bytes), Ok([0, 0, 7, 0, 0, 2]));
+        assert_eq!(table_rows_on_wire(&bytes), Ok([0, 0, 7, 0, 0, 2, 0]));
         let Ok(Message::Batch(decoded)) = decode_agent_message(&bytes) else {
             panic!("a batch decodes");
         };

@@ -20,7 +20,7 @@
 //! - [`room`]: the room for decoding, which unfinished messages and batches being
 //!   decoded share;
 //! - [`buffer`]: rows waiting for the next commit, grouped by (table, run);
-//! - [`table`]: the six tables' columns and their Arrow builders;
+//! - [`table`]: the seven tables' columns and their Arrow builders;
 //! - [`committer`]: when buffered rows become files;
 //! - [`phase`]: serving, draining, drained: where the collector is in its life,
 //!   which the service, the committer and `ops` watch;

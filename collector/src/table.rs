@@ -1,4 +1,4 @@
-//! The columns of the six tables, and the Arrow builders the wire decoder
+//! The columns of the seven tables, and the Arrow builders the wire decoder
 //! ([`crate::wire`]) fills. The table names and the `Batch` fields that carry their
 //! rows are `rankscope-proto`'s ([`Table`]); every column of every table is listed
 //! here, once ([`columns`]).
@@ -229,6 +229,15 @@ const EVENTS: &[Column] = &[
     opt("step", 5, U64),
 ];
 
+const COMM: &[Column] = &[
+    opt("step", 1, U64),
+    col("time", 2, Time),
+    col("kind", 3, Str),
+    col("count", 4, U64),
+    col("bytes", 5, U64),
+    col("comm_ms", 6, F64),
+];
+
 /// The columns of `table` after the three head columns, in file order. The
 /// checks of a row run in this order, as do the tables' in [`CHECK_ORDER`].
 pub const fn columns(table: Table) -> &'static [Column] {
@@ -239,15 +248,17 @@ pub const fn columns(table: Table) -> &'static [Column] {
         Table::Layers => LAYERS,
         Table::Model => MODEL,
         Table::Events => EVENTS,
+        Table::Comm => COMM,
     }
 }
 
 /// The order in which a batch's tables are checked: a batch with bad values in
 /// several tables is refused for the first of them in this order.
-pub const CHECK_ORDER: [Table; 6] = [
+pub const CHECK_ORDER: [Table; 7] = [
     Table::Layers,
     Table::Model,
     Table::Events,
+    Table::Comm,
     Table::Runs,
     Table::Ranks,
     Table::Steps,

@@ -84,6 +84,9 @@ pub fn batch(b: &Batch) -> Result<(), Invalid> {
         label("kind", &e.kind, MAX_LABEL_BYTES)?;
         at_most("message", &e.message, MAX_EVENT_MESSAGE_BYTES)?;
     }
+    for c in &b.comm {
+        label("kind", &c.kind, MAX_LABEL_BYTES)?;
+    }
     for r in &b.runs {
         label("layer_filter", &r.layer_filter, MAX_LABEL_BYTES)?;
         label("agent_version", &r.agent_version, MAX_LABEL_BYTES)?;

@@ -4,7 +4,7 @@
 //! Layout:
 //! - `proto/rankscope/v1/telemetry.proto`: the protocol, documented field by field;
 //! - [`v1`]: the generated messages, client and server;
-//! - [`tables`]: the six tables, a row of any of them ([`Row`]), counting a
+//! - [`tables`]: the seven tables, a row of any of them ([`Row`]), counting a
 //!   batch's rows, and a `ranks` row from a `Hello`;
 //! - the constants below: version and size limits, which the agent keeps to and the
 //!   collector enforces.
@@ -20,7 +20,8 @@ pub mod v1;
 pub const SCHEMA_MAJOR: u32 = 1;
 /// The schema minor version this build writes. Minor 1: an agent declares the seq
 /// gaps it made (`Batch.dropped_from`), and the collector refuses undeclared ones.
-pub const SCHEMA_MINOR: u32 = 1;
+/// Minor 2: the `comm` table (`Batch.comm`); older agents send none of it.
+pub const SCHEMA_MINOR: u32 = 2;
 /// The largest gRPC message either side accepts by default, in bytes.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// The longest run id accepted.

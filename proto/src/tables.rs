@@ -1,11 +1,11 @@
-//! The six tables of the protocol and of the collector's output, in one place: the
+//! The seven tables of the protocol and of the collector's output, in one place: the
 //! [`Table`] names, a row of any table ([`Row`]), how many rows a [`Batch`] holds,
 //! and the `ranks` row that a stream's [`Hello`] describes.
 //!
 //! A new table is added here, to `Batch` in the `.proto` file, and to the
 //! collector's `table` module (its Arrow columns).
 
-use crate::v1::{Batch, EventRow, Hello, LayerRow, ModelRow, RankRow, RunRow, StepRow};
+use crate::v1::{Batch, CommRow, EventRow, Hello, LayerRow, ModelRow, RankRow, RunRow, StepRow};
 
 /// A table of the collector's output directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -16,16 +16,18 @@ pub enum Table {
     Layers,
     Model,
     Events,
+    Comm,
 }
 
 impl Table {
-    pub const ALL: [Table; 6] = [
+    pub const ALL: [Table; 7] = [
         Table::Runs,
         Table::Ranks,
         Table::Steps,
         Table::Layers,
         Table::Model,
         Table::Events,
+        Table::Comm,
     ];
 
     /// The folder name under the output directory, and the name of the `Batch`
@@ -38,6 +40,7 @@ impl Table {
             Table::Layers => "layers",
             Table::Model => "model",
             Table::Events => "events",
+            Table::Comm => "comm",
         }
     }
 
@@ -50,6 +53,7 @@ impl Table {
             Table::Ranks => 6,
             Table::Model => 7,
             Table::Events => 8,
+            Table::Comm => 10,
         }
     }
 
@@ -72,6 +76,7 @@ impl Table {
             Table::Layers => "LayerRow",
             Table::Model => "ModelRow",
             Table::Events => "EventRow",
+            Table::Comm => "CommRow",
         }
     }
 }
@@ -85,6 +90,7 @@ pub enum Row {
     Layer(LayerRow),
     Model(ModelRow),
     Event(EventRow),
+    Comm(CommRow),
 }
 
 impl Row {
@@ -97,6 +103,7 @@ impl Row {
             Row::Layer(_) => Table::Layers,
             Row::Model(_) => Table::Model,
             Row::Event(_) => Table::Events,
+            Row::Comm(_) => Table::Comm,
         }
     }
 
@@ -109,6 +116,7 @@ impl Row {
             Row::Layer(r) => batch.layers.push(r),
             Row::Model(r) => batch.model.push(r),
             Row::Event(r) => batch.events.push(r),
+            Row::Comm(r) => batch.comm.push(r),
         }
     }
 }
@@ -123,6 +131,7 @@ impl Batch {
             Table::Layers => self.layers.len(),
             Table::Model => self.model.len(),
             Table::Events => self.events.len(),
+            Table::Comm => self.comm.len(),
         }
     }
 
@@ -163,6 +172,7 @@ mod tests {
             Row::Layer(LayerRow::default()),
             Row::Model(ModelRow::default()),
             Row::Event(EventRow::default()),
+            Row::Comm(CommRow::default()),
         ];
         let mut batch = Batch::default();
         for row in rows {
@@ -171,13 +181,14 @@ mod tests {
             row.append_to(&mut batch);
             assert_eq!(batch.table_rows(table), before + 1, "{}", table.name());
         }
-        assert_eq!(batch.rows(), 7);
+        assert_eq!(batch.rows(), 8);
         assert_eq!(batch.table_rows(Table::Steps), 2);
     }
 
     #[test]
     fn batch_fields_and_indexes_match_the_proto() {
-        // Batch: steps = 3, layers = 4, runs = 5, ranks = 6, model = 7, events = 8.
+        // Batch: steps = 3, layers = 4, runs = 5, ranks = 6, model = 7, events = 8,
+        // comm = 10.
         let mut batch = Batch::default();
         batch.layers.push(LayerRow::default());
         let bytes = prost::Message::encode_to_vec(&batch);

@@ -13,14 +13,12 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from . import _native
+from . import _collectives, _native
+from ._modules import _compiled_paths, _is_ddp, _keep_hook, _layers, _profiled, _unwrap, layer_name
 from ._native import NativeStep, Report
 
 PHASES = ("data", "forward", "backward", "optimizer")
 """The phases a step can be split into; any other name is a ValueError."""
-
-_DDP_PREFIX = "module."
-
 
 def init(
     *,
@@ -103,6 +101,7 @@ class Agent:
         self._cuda = torch.cuda.is_available()
         self._deferred: Optional[_Deferred] = _Deferred(native) if self._cuda else None
         self._report: Optional[Report] = None
+        _collectives.install(native, self._deferred)
         # Finish at exit without keeping the agent alive just for that.
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().finish())
@@ -143,8 +142,9 @@ class Agent:
         Returns the watched layer names, after the ``layers`` filter.
         """
         inner = _unwrap(model)
+        compiled = _compiled_paths(inner)
         added = []
-        for name, module, kind in _layers(inner):
+        for name, module, kind in _layers(inner, skip=compiled):
             if self._native.wants_layer(name) and not any(w[1] is module for w in self._watched):
                 self._watched.append((name, module, kind))
                 _keep_hook(self._native, name, module, kind)
@@ -167,14 +167,19 @@ class Agent:
         """Records the static model profile (the ``model`` table): per layer its
         kind, parameters, parameter, gradient and optimizer-state bytes, and
         forward FLOPs for ``example_input``'s batch. Runs one forward pass with
-        gradients off (on the unwrapped module, so no collective runs). A tuple
+        gradients off (on the unwrapped module, so no DDP collective runs; an
+        FSDP2 model all-gathers its parameters for it). Sharded (FSDP2)
+        parameters count whole in ``params`` and the FLOPs, and as this rank's
+        shard in the byte columns. A tuple
         input is passed as positional arguments, a dict as keywords. Returns the
         rows."""
         inner = _unwrap(model)
-        params = [(name, p) for name, p in inner.named_parameters()]
+        params = [_profiled(layer_name(name), p) for name, p in inner.named_parameters()]
         layers = self._watched or [
             (n, m, k) for n, m, k in _layers(inner) if self._native.wants_layer(n)
         ]
+        # A compiled model's shapes are seen on its original module (no compile).
+        inner = getattr(inner, "_orig_mod", inner)
 
         def forward() -> None:
             native = self._native
@@ -222,12 +227,25 @@ class Agent:
         later process or ``rankscope replay``). Callable more than once; also runs
         at interpreter exit."""
         if self._report is None:
+            _collectives.stop(self._native)
             if self._deferred is not None:
                 self._deferred.flush()
             self._report = self._native.finish()
         return self._report
 
     # -- communication -------------------------------------------------------------
+
+    def time_collectives(self, on: bool = True) -> None:
+        """Times every ``torch.distributed`` collective into the ``comm`` table
+        (on by default from :func:`rankscope.init`): per step and kind
+        (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``,
+        ``other``) their count, bytes and time from launch to completion. FSDP2's
+        all-gathers and reduce-scatters are among them. ``on=False`` stops it; the
+        collectives then run without any wrapper work."""
+        if on:
+            _collectives.install(self._native, self._deferred)
+        else:
+            _collectives.stop(self._native)
 
     def wrap_comm_hook(self, hook: Callable) -> Callable:
         """Wraps a DDP communication hook ``hook(state, bucket) -> Future`` so its
@@ -326,6 +344,9 @@ class InertAgent:
     def wrap_comm_hook(self, hook: Callable) -> Callable:
         return hook
 
+    def time_collectives(self, on: bool = True) -> None:
+        pass
+
     def finish(self) -> Report:
         return _EMPTY_REPORT
 
@@ -413,6 +434,8 @@ class _Deferred:
     def __init__(self, native: "_native.NativeAgent") -> None:
         self.native = native
         self.comm_events: list = []
+        # (kind, bytes, start event, end event) of the collectives timed on CUDA.
+        self.collectives: list = []
         self.pending: list = []
 
     # The Python work here is the agent's time on the training thread, handed to the
@@ -422,8 +445,9 @@ class _Deferred:
         entered = perf_counter_ns()
         done = torch.cuda.Event()
         done.record()
-        self.pending.append((s, tensors, self.comm_events, done))
+        self.pending.append((s, tensors, (self.comm_events, self.collectives), done))
         self.comm_events = []
+        self.collectives = []
         self.poll(entered)
 
     def poll(self, entered: int) -> None:
@@ -437,13 +461,23 @@ class _Deferred:
         while self.pending:
             self._send(*self.pending.pop(0)[:3], perf_counter_ns())
 
-    def _send(self, s: NativeStep, tensors: dict, events: list, entered: int) -> int:
+    def _send(self, s: NativeStep, tensors: dict, events: tuple, entered: int) -> int:
+        buckets, collectives = events
         values = {k: float(v.reshape(-1)[0]) for k, v in tensors.items()}
-        comm = sum(a.elapsed_time(b) for a, b in events) if events else None
+        comm = sum(a.elapsed_time(b) for a, b in buckets) if buckets else None
+        kinds: dict = {}
+        for kind, nbytes, start, end in collectives:
+            count, total, ms = kinds.get(kind, (0, 0, 0.0))
+            # An end event recorded after the step's own (a late completion) may
+            # not be complete yet: it counts, without its time.
+            done = end.query()
+            kinds[kind] = (count + 1, total + nbytes, ms + (start.elapsed_time(end) if done else 0.0))
         self.native.add_overhead_since(entered)
         s.record(**values)
         if comm is not None:
             s.set_comm_ms(comm)
+        for kind, (count, total, ms) in kinds.items():
+            s.add_comm(kind, count, total, ms)
         s.send()
         return perf_counter_ns()
 
@@ -463,44 +497,6 @@ def _bucket_result(f: torch.futures.Future) -> torch.Tensor:
     collective's future holds."""
     value = f.value()
     return value[0] if isinstance(value, list) else value
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if _is_ddp(model) else model
-
-
-def _is_ddp(model: nn.Module) -> bool:
-    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
-
-
-def _layers(model: nn.Module) -> List[Tuple[str, nn.Module, Optional[str]]]:
-    """Leaf modules with parameters, and attention modules, by module path."""
-    out = []
-    for name, module in model.named_modules():
-        if name.startswith(_DDP_PREFIX):
-            name = name[len(_DDP_PREFIX):]
-        if not name:
-            continue
-        if isinstance(module, nn.MultiheadAttention):
-            out.append((name, module, "attention"))
-            continue
-        leaf = next(module.children(), None) is None
-        has_params = next(module.parameters(recurse=False), None) is not None
-        if leaf and has_params:
-            out.append((name, module, None))
-    return out
-
-
-def _keep_hook(native: "_native.NativeAgent", name: str, module: nn.Module, kind: Optional[str]) -> None:
-    """Gives the extension the module's hook for sampled steps. The hook (a Rust
-    object) is registered once, for the id torch gives it, and removed; a sampled
-    step puts it back in ``module._forward_hooks`` under that id and takes it out
-    at its end, as ``register_forward_hook`` and the handle's ``remove()`` would,
-    without a handle, a closure or a Python frame."""
-    hook = native.hook(name, kind)
-    handle = module.register_forward_hook(hook)
-    handle.remove()
-    native.watch_hook(module._forward_hooks, handle.id, hook)
 
 
 def _optimizer_kind(optimizer: Optional[torch.optim.Optimizer]) -> str:

@@ -47,6 +47,8 @@ class NativeStep:
         """Ends the step's clock (and takes its hooks out) without sending the row."""
     def send(self) -> None: ...
     def set_comm_ms(self, ms: float) -> None: ...
+    def add_comm(self, kind: str, count: int, nbytes: int, ms: float) -> None:
+        """Adds collectives to this step's ``comm`` rows after its clock stopped."""
 
 class NativeHook:
     """A watched module's forward hook: observes its output as one layer."""
@@ -74,10 +76,14 @@ class NativeAgent:
         """Counts the time since ``since_ns`` (``time.perf_counter_ns()``) as the agent's."""
     def enable_comm(self) -> None: ...
     def add_comm_ms(self, ms: float) -> None: ...
+    def add_comm(self, kind: str, count: int, nbytes: int, ms: float) -> None:
+        """Adds ``count`` collectives of ``kind`` (``all_reduce``, ``all_gather``,
+        ``reduce_scatter``, ``broadcast`` or ``other``) to the running step's
+        ``comm`` rows. Callable from any thread."""
     def event(self, kind: str, message: str, value: Optional[int] = None) -> None: ...
     def profile(
         self,
-        parameters: List[Tuple[str, torch.Tensor]],
+        parameters: List[Tuple[str, torch.Tensor, Optional[List[int]]]],
         optimizer: str,
         forward: Callable[[], None],
     ) -> List[dict]: ...

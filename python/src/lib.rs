@@ -30,7 +30,7 @@ use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyTuple};
 use pyo3_tch::PyTensor;
 use rankscope_agent::Optimizer;
 use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
-use rankscope_agent::{Agent, FinishReport, Mode};
+use rankscope_agent::{Agent, CommKind, FinishReport, Mode};
 use rankscope_agent::{Phase, StepGuard};
 use tch::Tensor;
 
@@ -125,6 +125,7 @@ impl NativeAgent {
             agent: self.agent.clone(),
             name: name.to_string(),
             kind: layer_kind(kind),
+            observed: AtomicU64::new(0),
         }
     }
 
@@ -197,6 +198,15 @@ impl NativeAgent {
         }
     }
 
+    /// Adds `count` collectives of `kind` (`all_reduce`, `all_gather`,
+    /// `reduce_scatter`, `broadcast` or `other`), `nbytes` and `ms` (launch to
+    /// completion) in all, to the `comm` rows of the running step (between steps:
+    /// rows without a step). Callable from any thread.
+    fn add_comm(&self, kind: &str, count: u64, nbytes: u64, ms: f64) -> PyResult<()> {
+        self.agent.add_comm(comm_kind(kind)?, count, nbytes, ms);
+        Ok(())
+    }
+
     /// Records an event row.
     #[pyo3(signature = (kind, message, value = None))]
     fn event(&self, kind: &str, message: &str, value: Option<i64>) {
@@ -204,12 +214,13 @@ impl NativeAgent {
     }
 
     /// Runs `forward()` once with gradients off to see layer shapes, then records one
-    /// `model` row per layer from `parameters` (`(name, tensor)` pairs). Returns the
-    /// rows as dicts.
+    /// `model` row per layer from `parameters`: `(name, tensor, whole_shape)`, where
+    /// `tensor` is this rank's and `whole_shape` the whole parameter's shape if
+    /// `tensor` is a shard of it (else `None`). Returns the rows as dicts.
     fn profile<'py>(
         &self,
         py: Python<'py>,
-        parameters: Vec<(String, PyTensor)>,
+        parameters: Vec<(String, PyTensor, Option<Vec<i64>>)>,
         optimizer: &str,
         forward: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
@@ -224,8 +235,14 @@ impl NativeAgent {
             }
         };
         let mut failure = None;
-        let rows = self.agent.profile_parameters(
-            parameters.into_iter().map(|(name, t)| (name, t.0)),
+        let rows = self.agent.profile_sharded(
+            parameters.into_iter().map(|(path, t, whole_shape)| {
+                rankscope_agent::training::profile::Parameter {
+                    path,
+                    tensor: t.0,
+                    whole_shape,
+                }
+            }),
             optimizer,
             || {
                 if let Err(error) = forward.call0() {
@@ -305,6 +322,10 @@ struct NativeHook {
     agent: Agent,
     name: String,
     kind: Option<&'static str>,
+    /// One more than the sampled step this hook last observed (0: none), so a
+    /// layer is sampled once per step: activation checkpointing runs the forward
+    /// again in backward, and that recomputed output is not sampled again.
+    observed: AtomicU64,
 }
 
 #[pymethods]
@@ -316,6 +337,12 @@ impl NativeHook {
         output: &Bound<'_, PyAny>,
     ) {
         let since = Instant::now();
+        if let Some(step) = self.agent.sampling_step()
+            && self.observed.swap(step + 1, Ordering::Relaxed) == step + 1
+        {
+            self.agent.add_overhead(since, true);
+            return;
+        }
         if let Some(tensor) = first_tensor(output) {
             self.agent
                 .observe_since(&self.name, self.kind, &tensor, since);
@@ -439,6 +466,16 @@ impl NativeStep {
         recorded
     }
 
+    /// Adds collectives to this step's `comm` rows after its clock stopped (the
+    /// Python layer does, from CUDA events); as `NativeAgent.add_comm`.
+    fn add_comm(&self, kind: &str, count: u64, nbytes: u64, ms: f64) -> PyResult<()> {
+        let kind = comm_kind(kind)?;
+        if let Some(guard) = &self.guard {
+            guard.add_comm(kind, count, nbytes, ms);
+        }
+        Ok(())
+    }
+
     /// Sets the step's `comm_ms` (the Python layer does, from CUDA events).
     fn set_comm_ms(&self, ms: f64) {
         if let Some(guard) = &self.guard {
@@ -555,6 +592,16 @@ impl NativePhase {
         self.step.borrow_mut(py).phase_end();
         false
     }
+}
+
+/// The collective kind a `comm.kind` label names, or a `ValueError` listing them.
+fn comm_kind(label: &str) -> PyResult<CommKind> {
+    CommKind::parse(label).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "comm kind {label:?} is not a kind: use all_reduce, all_gather, reduce_scatter, \
+             broadcast or other"
+        ))
+    })
 }
 
 /// A float from a Python number or a 0-d CPU tensor.

@@ -28,6 +28,7 @@ use rankscope_proto::v1::ModelRow;
 use tch::Tensor;
 use tch::nn::VarStore;
 
+use super::comm::CommKind;
 use super::profile::{self, Optimizer};
 use super::recorder::Recorder;
 use super::step::StepGuard;
@@ -209,6 +210,26 @@ impl Agent {
             .map_or(0, |r| r.discard_held_samples())
     }
 
+    /// The index of the running step if it samples activations, else `None`: for
+    /// hooks that sample a layer once per step (a forward recomputed under
+    /// activation checkpointing runs the layer's hook twice).
+    pub fn sampling_step(&self) -> Option<u64> {
+        let recorder = self.recorder.as_ref()?;
+        recorder
+            .sampling
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| recorder.step.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Adds `count` collectives of `kind`, with `bytes` and `ms` (launch to
+    /// completion) in all, to the `comm` rows of the step whose clock is running
+    /// (or, between steps, to rows without a step). Callable from any thread.
+    pub fn add_comm(&self, kind: CommKind, count: u64, bytes: u64, ms: f64) {
+        if let Some(recorder) = &self.recorder {
+            recorder.comm.add(kind, count, bytes, ms);
+        }
+    }
+
     /// Records an event row (`kind`, a message, an optional value).
     /// `kind` and `message` are cut to the collector's limits
     /// ([`rankscope_proto::MAX_LABEL_BYTES`] and [`rankscope_proto::MAX_EVENT_MESSAGE_BYTES`])
@@ -266,6 +287,21 @@ impl Agent {
     pub fn profile_parameters(
         &self,
         parameters: impl IntoIterator<Item = (String, tch::Tensor)>,
+        optimizer: Optimizer,
+        forward: impl FnOnce(),
+    ) -> Vec<ModelRow> {
+        let parameters = parameters
+            .into_iter()
+            .map(|(path, tensor)| profile::Parameter::whole(path, tensor));
+        profile::record(self.recorder.as_deref(), parameters, optimizer, forward)
+    }
+
+    /// [`Agent::profile_parameters`] for parameters of which this rank may hold a
+    /// shard (FSDP): `params` and the FLOPs count whole parameters, the byte
+    /// columns this rank's shards.
+    pub fn profile_sharded(
+        &self,
+        parameters: impl IntoIterator<Item = profile::Parameter>,
         optimizer: Optimizer,
         forward: impl FnOnce(),
     ) -> Vec<ModelRow> {

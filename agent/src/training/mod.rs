@@ -4,6 +4,7 @@
 //! - `recorder`: the running agent of an active rank, which the handle, its step
 //!   guards and its taps share;
 //! - [`step`]: step and phase timing, the `steps` row;
+//! - [`comm`]: collectives counted by kind, the `comm` rows;
 //! - [`tap`]: [`tap::Tap`], which wraps a tch module so its output is observed;
 //! - [`profile`]: the static model profile, the `model` rows;
 //! - [`memory`]: RSS and the accelerator allocator's bytes, for the `steps` row;
@@ -12,9 +13,10 @@
 //! The training side is the top of the agent: it may import every other part
 //! (config, sampling, the budget, the transport), and none of them imports it.
 //! Within it the handle imports the others; step, tap and profile import only the
-//! recorder, and the recorder only memory and sample_buffers.
+//! recorder (and step comm), and the recorder only comm, memory and sample_buffers.
 
 pub mod agent;
+pub mod comm;
 pub mod memory;
 pub mod profile;
 mod recorder;
@@ -65,6 +67,14 @@ mod tests {
             assert!(
                 COLUMNS_MD.contains(&format!("`{kind}`")),
                 "docs/columns.md lists no model kind {kind}"
+            );
+        }
+        let comm = &COLUMNS_MD[COLUMNS_MD.find("## `comm`").expect("a comm section")..];
+        for kind in super::comm::CommKind::ALL {
+            assert!(
+                comm.contains(&format!("`{}`", kind.label())),
+                "docs/columns.md's comm section lists no kind {}",
+                kind.label()
             );
         }
     }

@@ -10,6 +10,10 @@
 //! Shapes come from one forward pass run under [`crate::Agent::profile_model`]: tapped
 //! layers record their output shape, and parameters are grouped under the tap
 //! whose name prefixes their VarStore path.
+//!
+//! A sharded parameter (FSDP) counts as a whole in `params` and in the FLOPs, and
+//! as this rank's shard in the byte columns: what the layer is, and what this rank
+//! holds ([`Parameter::whole_shape`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -40,12 +44,47 @@ impl Optimizer {
     }
 }
 
+/// A parameter as the profile counts it.
+#[derive(Debug)]
+pub struct Parameter {
+    /// Its path, `layer.weight`.
+    pub path: String,
+    /// This rank's tensor: the whole parameter, or its shard.
+    pub tensor: tch::Tensor,
+    /// The whole parameter's shape where `tensor` is a shard of it.
+    pub whole_shape: Option<Vec<i64>>,
+}
+
+impl Parameter {
+    /// A parameter this rank holds whole.
+    pub fn whole(path: String, tensor: tch::Tensor) -> Parameter {
+        Parameter {
+            path,
+            tensor,
+            whole_shape: None,
+        }
+    }
+
+    fn shape(&self) -> Vec<i64> {
+        self.whole_shape
+            .clone()
+            .unwrap_or_else(|| self.tensor.size())
+    }
+
+    fn numel(&self) -> u64 {
+        match &self.whole_shape {
+            Some(shape) => shape.iter().product::<i64>().max(0) as u64,
+            None => self.tensor.numel() as u64,
+        }
+    }
+}
+
 /// Runs `forward` once (no gradients) with shape recording on, groups `parameters`
 /// into layers, and sends their `model` rows. Without a recorder (an inert agent) it
 /// still returns the rows, from the parameters alone.
 pub(crate) fn record(
     recorder: Option<&Recorder>,
-    parameters: impl IntoIterator<Item = (String, tch::Tensor)>,
+    parameters: impl IntoIterator<Item = Parameter>,
     optimizer: Optimizer,
     forward: impl FnOnce(),
 ) -> Vec<ModelRow> {
@@ -72,12 +111,13 @@ pub(crate) fn record(
 
 /// Groups the VarStore's variables into layers and counts them.
 pub(crate) fn model_rows(
-    parameters: impl IntoIterator<Item = (String, tch::Tensor)>,
+    parameters: impl IntoIterator<Item = Parameter>,
     optimizer: Optimizer,
     shapes: &[ObservedShape],
 ) -> Vec<ModelRow> {
-    let mut layers: BTreeMap<String, Vec<(String, tch::Tensor)>> = BTreeMap::new();
-    for (path, tensor) in parameters {
+    let mut layers: BTreeMap<String, Vec<Parameter>> = BTreeMap::new();
+    for parameter in parameters {
+        let path = &parameter.path;
         let layer = shapes
             .iter()
             .filter(|s| path.starts_with(&format!("{}.", s.name)))
@@ -87,7 +127,7 @@ pub(crate) fn model_rows(
                 path.rsplit_once('.')
                     .map_or(path.clone(), |(p, _)| p.to_string())
             });
-        layers.entry(layer).or_default().push((path, tensor));
+        layers.entry(layer).or_default().push(parameter);
     }
     // Forward order for tapped layers, then the rest by name.
     let mut order: Vec<String> = shapes
@@ -106,18 +146,18 @@ pub(crate) fn model_rows(
         .into_iter()
         .map(|layer| {
             let vars = &layers[&layer];
-            let params: u64 = vars.iter().map(|(_, t)| t.numel() as u64).sum();
-            let param_bytes: u64 = vars.iter().map(|(_, t)| bytes(t)).sum();
+            let params: u64 = vars.iter().map(Parameter::numel).sum();
+            let param_bytes: u64 = vars.iter().map(|p| bytes(&p.tensor)).sum();
             let grad_bytes: u64 = vars
                 .iter()
-                .filter(|(_, t)| t.requires_grad())
-                .map(|(_, t)| bytes(t))
+                .filter(|p| p.tensor.requires_grad())
+                .map(|p| bytes(&p.tensor))
                 .sum();
             let shape = shapes.iter().find(|s| s.name == layer);
             let mut weights: Vec<(String, Vec<i64>)> = vars
                 .iter()
-                .filter(|(p, _)| p.ends_with(".weight") || p.ends_with(".ws"))
-                .map(|(p, t)| (p.clone(), t.size()))
+                .filter(|p| p.path.ends_with(".weight") || p.path.ends_with(".ws"))
+                .map(|p| (p.path.clone(), p.shape()))
                 .collect();
             weights.sort();
             let weights: Vec<Vec<i64>> = weights.into_iter().map(|(_, w)| w).collect();
@@ -199,7 +239,13 @@ mod tests {
                 output: vec![4, 8, 30, 30],
             },
         ];
-        let rows = model_rows(vs.variables(), Optimizer::Adam, &shapes);
+        let rows = model_rows(
+            vs.variables()
+                .into_iter()
+                .map(|(p, t)| Parameter::whole(p, t)),
+            Optimizer::Adam,
+            &shapes,
+        );
         let fc = &rows[0];
         assert_eq!((fc.layer.as_str(), fc.kind.as_str()), ("fc", "linear"));
         assert_eq!(fc.params, 5 * 64 + 64);

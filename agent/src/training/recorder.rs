@@ -15,6 +15,7 @@ use rankscope_proto::v1::{EventRow, Hello, RankRow, RunRow};
 use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES};
 use tch::Tensor;
 
+use super::comm::{self, CommTally};
 use super::memory::{self, RssReader};
 use super::sample_buffers::SampleBuffers;
 use crate::budget::sampler::Sampler;
@@ -59,6 +60,8 @@ pub(crate) struct Recorder {
     /// Nanoseconds the agent spent on the training thread since the last step row
     /// took them.
     pub(crate) overhead_ns: AtomicU64,
+    /// Collectives completed since a step last took them (the `comm` table).
+    pub(crate) comm: CommTally,
     pub(crate) rss: RssReader,
     pub(crate) device_index: Option<i32>,
     /// True while [`crate::Agent::profile_model`] runs its forward pass.
@@ -152,6 +155,7 @@ impl Recorder {
             sampling: AtomicBool::new(false),
             step: AtomicU64::new(0),
             overhead_ns: AtomicU64::new(0),
+            comm: CommTally::default(),
             rss: RssReader::default(),
             device_index,
             profiling: AtomicBool::new(false),
@@ -279,7 +283,8 @@ impl Recorder {
         }
         self.buffers.clear();
         self.sampler.freeze();
-        let mut final_rows = self.sampling_events();
+        let mut final_rows = comm::rows(None, &self.comm.take());
+        final_rows.extend(self.sampling_events());
         final_rows.push(Row::Rank(RankRow::from_hello(&self.hello, Some(now_us()))));
         let report = self
             .transport

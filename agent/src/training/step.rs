@@ -18,6 +18,8 @@ use std::time::Instant;
 
 use rankscope_proto::v1::StepRow;
 
+use super::comm::{self, CommKind, CommStep};
+
 use super::recorder::{Recorder, WORKER_QUEUE};
 use crate::rows::now_us;
 use rankscope_proto::Row;
@@ -65,6 +67,9 @@ pub struct StepGuard {
     started: Instant,
     /// The row as far as it is known; `step_ms` is set by [`StepGuard::stop`].
     row: RefCell<StepRow>,
+    /// The step's collectives by kind (its `comm` rows), taken from the recorder's
+    /// tally at [`StepGuard::stop`] and added to by [`StepGuard::add_comm`].
+    comm: RefCell<CommStep>,
     stopped: Cell<bool>,
 }
 
@@ -72,6 +77,16 @@ impl StepGuard {
     pub(crate) fn begin(recorder: Option<Arc<Recorder>>, step: u64) -> StepGuard {
         let started = Instant::now();
         if let Some(inner) = &recorder {
+            // What completed since the last step stopped belongs to no step.
+            let between = inner.comm.take();
+            let rows = comm::rows(None, &between);
+            if !rows.is_empty() {
+                let queuing = Instant::now();
+                for row in rows {
+                    inner.transport.send(row);
+                }
+                inner.add_overhead(queuing);
+            }
             inner.step.store(step, Ordering::Relaxed);
             let planned =
                 inner.config.samples_layers() && step.is_multiple_of(inner.config.sample_every);
@@ -91,6 +106,7 @@ impl StepGuard {
                 step,
                 ..StepRow::default()
             }),
+            comm: RefCell::new(CommStep::default()),
             stopped: Cell::new(false),
         }
     }
@@ -154,6 +170,14 @@ impl StepGuard {
         self.row.borrow_mut().comm_ms = Some(value);
     }
 
+    /// Adds `count` collectives of `kind` (`bytes` and `ms` in all) to this step's
+    /// `comm` rows, for callers that read their times after the step's clock
+    /// stopped (CUDA events). Collectives timed as they complete go to
+    /// [`crate::Agent::add_comm`] instead.
+    pub fn add_comm(&self, kind: CommKind, count: u64, bytes: u64, ms: f64) {
+        comm::add_to(&mut self.comm.borrow_mut(), kind, count, bytes, ms);
+    }
+
     /// Ends the step's clock and reads memory, without sending the row yet.
     /// Callable more than once; only the first call counts.
     pub fn stop(&self) {
@@ -166,6 +190,7 @@ impl StepGuard {
         let mut row = self.row.borrow_mut();
         row.step_ms = self.started.elapsed().as_secs_f64() * 1e3;
         let own = Instant::now();
+        comm::merge(&mut self.comm.borrow_mut(), &inner.comm.take());
         inner.sampling.store(false, Ordering::Relaxed);
         let (rss, device) = inner.memory();
         row.time = now_us();
@@ -185,7 +210,12 @@ impl Drop for StepGuard {
             return;
         };
         let queuing = Instant::now();
-        inner.transport.send(Row::Step(self.row.take()));
+        let row = self.row.take();
+        let step = row.step;
+        inner.transport.send(Row::Step(row));
+        for row in comm::rows(Some(step), &self.comm.borrow()) {
+            inner.transport.send(row);
+        }
         inner.add_overhead(queuing);
     }
 }

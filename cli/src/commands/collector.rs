@@ -26,7 +26,7 @@ serves the standard health service (grpc.health.v1.Health), with the same
 readiness.
 
 Files appear as OUT/<table>/run_id=<run>/part-*.parquet (tables: runs, ranks, steps,
-layers, model, events). On SIGTERM or Ctrl-C the collector commits and acknowledges
+layers, model, events, comm). On SIGTERM or Ctrl-C the collector commits and acknowledges
 everything it accepted, then exits 0.")]
 pub struct Args {
     /// Address to listen on (port 0 picks a free port). Loopback by default:

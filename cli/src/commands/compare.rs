@@ -42,6 +42,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 #[serde(rename_all = "snake_case")]
 pub enum Better {
     Lower,
+    Higher,
     Neither,
 }
 
@@ -112,7 +113,7 @@ fn row(
         ("-", _) => "-",
         ("same", _) => "same",
         (_, Better::Neither) => "changed",
-        ("down", Better::Lower) => "better",
+        ("down", Better::Lower) | ("up", Better::Higher) => "better",
         _ => "worse",
     };
     Row {
@@ -165,6 +166,40 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
                 Better::Lower,
             ));
         }
+    }
+    // Collectives by kind, from the `comm` table: per step time and bandwidth.
+    let mut comm_kinds: Vec<&String> = a
+        .ranks
+        .iter()
+        .chain(&b.ranks)
+        .flat_map(|x| x.comm.keys())
+        .collect();
+    comm_kinds.sort();
+    comm_kinds.dedup();
+    for kind in comm_kinds {
+        let per_step = |r: &Report| {
+            mean_over_ranks(r, |x| {
+                let c = x.comm.get(kind)?;
+                (x.steps > 0).then(|| c.comm_ms / x.steps as f64)
+            })
+        };
+        rows.push(row(
+            "comm",
+            &format!("{kind} time per step (mean over ranks)"),
+            "ms",
+            per_step(a),
+            per_step(b),
+            Better::Lower,
+        ));
+        let bandwidth = |r: &Report| mean_over_ranks(r, |x| x.comm.get(kind)?.mb_per_s);
+        rows.push(row(
+            "comm",
+            &format!("{kind} bandwidth (mean over ranks)"),
+            "MB/s",
+            bandwidth(a),
+            bandwidth(b),
+            Better::Higher,
+        ));
     }
     rows.push(row(
         "overhead",

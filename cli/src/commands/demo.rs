@@ -101,7 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let out = args.out.display();
     println!(
-        "\nParquet files: {out}/<table>/run_id={run_id}/*.parquet (tables: runs, ranks, steps, layers, model, events)"
+        "\nParquet files: {out}/<table>/run_id={run_id}/*.parquet (tables: runs, ranks, steps, layers, model, events, comm)"
     );
     println!(
         "explore them with DuckDB (`pip install duckdb-cli`; `make setup` put it in .venv/bin):"

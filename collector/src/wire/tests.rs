@@ -5,7 +5,7 @@
 use prost::Message as _;
 use rankscope_proto::v1::agent_message::Kind;
 use rankscope_proto::v1::{
-    AgentMessage, Batch, EventRow, Hello, LayerRow, ModelRow, RankRow, RunRow, StepRow,
+    AgentMessage, Batch, CommRow, EventRow, Hello, LayerRow, ModelRow, RankRow, RunRow, StepRow,
 };
 
 use super::*;
@@ -175,6 +175,14 @@ fn random_batch(rng: &mut Rng) -> Batch {
             value: rng.opt(|r| r.u64() as i64),
             step: rng.opt(Rng::u64),
         });
+        b.comm.push(CommRow {
+            step: rng.opt(Rng::u64),
+            time: rng.u64() as i64,
+            kind: rng.text(),
+            count: rng.u64(),
+            bytes: rng.u64(),
+            comm_ms: rng.f64(),
+        });
     }
     b
 }
@@ -187,7 +195,7 @@ fn agent(batch: Batch) -> Vec<u8> {
 }
 
 fn decoded(bytes: &[u8]) -> DecodedBatch {
-    match decode_agent_message(bytes, &[0; 6]) {
+    match decode_agent_message(bytes, &[0; Table::ALL.len()]) {
         Ok(Message::Batch(b)) => b,
         other => panic!("not a batch: {other:?}"),
     }
@@ -268,7 +276,7 @@ fn len_field(field: u32, payload: &[u8]) -> Vec<u8> {
 
 /// Reader and prost agree on `bytes`: both refuse, or both read the same.
 fn agrees(bytes: &[u8]) -> bool {
-    let ours = decode_agent_message(bytes, &[0; 6]);
+    let ours = decode_agent_message(bytes, &[0; Table::ALL.len()]);
     let _ = fuzzing::agent_message(bytes); // asserts the agreement in detail
     ours.is_ok()
 }
@@ -314,11 +322,11 @@ fn occurrences_merge_and_the_last_value_wins() {
     let bytes = [len_field(2, &three), len_field(1, &hello)].concat();
     assert!(agrees(&bytes));
     assert!(matches!(
-        decode_agent_message(&bytes, &[0; 6]),
+        decode_agent_message(&bytes, &[0; Table::ALL.len()]),
         Ok(Message::Hello(h)) if h.run_id == "r"
     ));
     assert!(matches!(
-        decode_agent_message(&[], &[0; 6]),
+        decode_agent_message(&[], &[0; Table::ALL.len()]),
         Ok(Message::Empty)
     ));
 }

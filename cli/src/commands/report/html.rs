@@ -80,6 +80,7 @@ pub fn page(report: &Report, data: &RunData) -> anyhow::Result<String> {
     loss(&mut h, report)?;
     step_time(&mut h, report, data)?;
     phases(&mut h, report)?;
+    comm(&mut h, report)?;
     memory(&mut h, data)?;
     overhead(&mut h, report)?;
     layers(&mut h, &report.layers)?;
@@ -252,6 +253,44 @@ fn phases(h: &mut String, report: &Report) -> anyhow::Result<()> {
     writeln!(
         h,
         "<p class=\"note\">other: step time outside the timed phases. The all-reduce overlaps backward, so it is not a segment here (see the table above).</p></section>"
+    )?;
+    Ok(())
+}
+
+/// Collectives by kind per rank (the `comm` table): count, bytes, time per step
+/// and bandwidth. Absent for runs without collectives.
+fn comm(h: &mut String, report: &Report) -> anyhow::Result<()> {
+    if report.ranks.iter().all(|r| r.comm.is_empty()) {
+        return Ok(());
+    }
+    writeln!(
+        h,
+        "<section id=\"comm\"><h2>Communication by kind per rank</h2>\
+         <table><tr><th>rank</th><th>kind</th><th>count</th><th>MB</th><th>ms per step</th><th>MB/s</th></tr>"
+    )?;
+    for r in &report.ranks {
+        for (kind, c) in &r.comm {
+            let per_step = if r.steps > 0 {
+                format!("{:.2}", c.comm_ms / r.steps as f64)
+            } else {
+                "-".into()
+            };
+            writeln!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td><td>{}</td></tr>",
+                r.rank,
+                escape(kind),
+                c.count,
+                c.bytes as f64 / 1e6,
+                per_step,
+                c.mb_per_s.map_or("-".into(), |v| format!("{v:.1}")),
+            )?;
+        }
+    }
+    writeln!(
+        h,
+        "</table><p class=\"note\">Every torch.distributed collective the Python package saw (FSDP's all-gathers and reduce-scatters among them), launch to completion. \
+         Bandwidth includes waiting for peers: the rank that waits least, the one the others wait for, shows the highest.</p></section>"
     )?;
     Ok(())
 }

@@ -90,6 +90,21 @@ pub struct RankSummary {
     /// Planned samples the overhead budget had no room for.
     pub samples_skipped: i64,
     pub rows_dropped: i64,
+    /// The rank's collectives by kind (the `comm` table, all steps and between
+    /// them); empty for runs without one and in reports written before it.
+    #[serde(default)]
+    pub comm: BTreeMap<String, CommSummary>,
+}
+
+/// One kind of collective on one rank, over the whole run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CommSummary {
+    pub count: u64,
+    pub bytes: u64,
+    /// Launch to completion, summed.
+    pub comm_ms: f64,
+    /// bytes / comm_ms, in MB/s (10⁶ bytes); waiting for peers included.
+    pub mb_per_s: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -219,6 +234,7 @@ fn rank_summaries(
     }
     select += &format!(" FROM steps WHERE run_id = {id} GROUP BY rank ORDER BY rank");
     let events = dataset.rank_events(run_id)?;
+    let mut comm = comm_by_rank(dataset, &id)?;
     let mut out = Vec::new();
     for b in &dataset.sql(&select)? {
         let (rank, steps) = (ints(b, "rank")?, ints(b, "steps")?);
@@ -270,7 +286,37 @@ fn rank_summaries(
                 samples_dropped: e.samples_dropped,
                 samples_skipped: e.samples_skipped,
                 rows_dropped: e.rows_dropped,
+                comm: comm.remove(&r).unwrap_or_default(),
             });
+        }
+    }
+    Ok(out)
+}
+
+/// Per rank, its collectives by kind.
+fn comm_by_rank(
+    dataset: &Dataset,
+    id: &str,
+) -> anyhow::Result<BTreeMap<i64, BTreeMap<String, CommSummary>>> {
+    let mut out: BTreeMap<i64, BTreeMap<String, CommSummary>> = BTreeMap::new();
+    for b in &dataset.sql(&format!(
+        "SELECT CAST(rank AS BIGINT) AS rank, kind, CAST(sum(count) AS BIGINT) AS n,
+                CAST(sum(bytes) AS DOUBLE) AS bytes, sum(comm_ms) AS comm_ms
+         FROM comm WHERE run_id = {id} GROUP BY rank, kind ORDER BY rank, kind"
+    ))? {
+        let (rank, kind, n) = (ints(b, "rank")?, strings(b, "kind")?, ints(b, "n")?);
+        let (bytes, ms) = (floats(b, "bytes")?, floats(b, "comm_ms")?);
+        for i in 0..b.num_rows() {
+            let (bytes, comm_ms) = (bytes[i].unwrap_or_default(), ms[i].unwrap_or_default());
+            out.entry(rank[i].unwrap_or_default()).or_default().insert(
+                kind[i].clone().unwrap_or_default(),
+                CommSummary {
+                    count: n[i].unwrap_or_default().max(0) as u64,
+                    bytes: bytes.max(0.0) as u64,
+                    comm_ms,
+                    mb_per_s: (comm_ms > 0.0).then(|| bytes / comm_ms / 1e3),
+                },
+            );
         }
     }
     Ok(out)
