@@ -109,8 +109,10 @@ fn chromium() -> PathBuf {
     );
 }
 
-/// Headless Chromium on `url` for a few seconds (the page updates from its event
-/// stream meanwhile), then `args`' output (a screenshot, the DOM).
+/// Headless Chromium on `url`, then `args`' output (a screenshot, the DOM). The
+/// page is asked to stop after two updates from its event stream (`snapshots=2`):
+/// the browser's virtual clock, which decides when the screenshot is taken,
+/// waits while a request is open.
 fn browser(url: &str, profile: &Path, args: &[&str]) -> String {
     let out = Command::new(chromium())
         .args([
@@ -121,7 +123,7 @@ fn browser(url: &str, profile: &Path, args: &[&str]) -> String {
             "--no-first-run",
             "--hide-scrollbars",
             "--window-size=1280,1400",
-            "--timeout=5000",
+            "--virtual-time-budget=2000",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(args)
@@ -219,7 +221,7 @@ fn top_shows_every_rank_advancing_and_names_the_straggler_while_the_job_runs() {
 
     // The page, in a real browser, while the job still runs: one row per rank,
     // the straggler named, and its values moving between two screenshots.
-    let url = format!("http://{http}/live");
+    let url = format!("http://{http}/live?snapshots=2");
     let profile = dir.path().join("chromium-profile");
     let start = Instant::now();
     let dom = loop {

@@ -200,7 +200,19 @@ pub fn draw(frame: &mut Frame, screen: &Screen) {
         frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: true }), area);
         return;
     }
-    let findings_height = (screen.findings.len().clamp(1, 5) + 2) as u16;
+    // Each finding or problem takes the lines it wraps to; at most 8 in all.
+    let inner = area.width.saturating_sub(2).max(1) as usize;
+    let wrapped: usize =
+        screen
+            .problems
+            .iter()
+            .map(|p| p.chars().count())
+            .chain(screen.findings.iter().map(|f| {
+                f.diagnosis.message.chars().count() + f.diagnosis.evidence.kind().len() + 16
+            }))
+            .map(|n| n.div_ceil(inner))
+            .sum();
+    let findings_height = (wrapped.clamp(1, 8) + 2) as u16;
     let [header, diagnoses, table, bottom, keys] = Layout::vertical([
         Constraint::Length(2),
         Constraint::Length(findings_height),
@@ -459,7 +471,8 @@ fn draw_bottom(frame: &mut Frame, area: Rect, run: &RunSnapshot) {
             latest.and_then(f).map_or("-".into(), |v| format!("{v:.2}"))
         };
         let trend: Vec<f64> = l.history.iter().filter_map(|p| p.stable_rank).collect();
-        let spark: String = scaled(&trend)
+        let trend = &trend[trend.len().saturating_sub(16)..];
+        let spark: String = scaled(trend)
             .iter()
             .map(|v| {
                 ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'][((*v - 1) * 8 / 1000).min(7) as usize]
