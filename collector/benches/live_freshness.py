@@ -3,7 +3,7 @@
 rank records a step that step is visible in `/live`.
 
 A collector with `--http` on loopback takes a real PyTorch DDP job (the package's
-example under torchrun). This script reads `/live/runs/<run>?steps=4` every
+example under torchrun). This script reads `/live/runs/<run>?steps=16` every
 `--poll-ms`; each (rank, step) seen for the first time counts
 `seen - time`, where `time` is the step's own end (the `steps.time` column,
 the rank's clock: the same machine's). A poll's own delay adds at most
@@ -70,7 +70,7 @@ def main():
         ages_ms = []
         while job.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://{http}/live/runs/fresh?steps=4", timeout=5) as answer:
+                with urllib.request.urlopen(f"http://{http}/live/runs/fresh?steps=16", timeout=5) as answer:
                     run = json.load(answer)
                 now_us = time.time() * 1e6
                 for rank in run["ranks"]:

@@ -11,8 +11,9 @@
 //!   already held is left out and counted (`rows_not_shown`);
 //! - at most [`MAX_LAYERS`] layers per run, the rest counted the same way.
 //!
-//! So at the defaults it holds at most 4,096 × 64 steps of about 200 bytes
-//! (50 MiB); BENCHMARKS.md has the measured figure at 1,024 ranks. The files
+//! A step takes 192 bytes, so at the defaults a rank takes 12 KiB and the view
+//! at most 48 MiB (4,096 ranks); a layer's history takes 3 KiB. BENCHMARKS.md
+//! has the measured figure at 1,024 ranks. The files
 //! are unaffected: the view only reads the record batches the buffer keeps.
 //!
 //! Cost: a batch is read column by column before the view's lock is taken; the
@@ -127,9 +128,12 @@ pub struct LiveView {
 
 /// The values of one batch, read before the lock is taken.
 #[derive(Debug, Default)]
-struct Values {
+struct Values<'a> {
     steps: Vec<StepPoint>,
-    layers: Vec<(String, LayerPoint)>,
+    /// Its `layers` record batches: read under the lock, where the view knows
+    /// which layers this rank is followed for (most ranks' rows are not kept).
+    layers: Vec<&'a RecordBatch>,
+    layer_rows: usize,
     events: Vec<rows::EventPoint>,
     ranks: Vec<rows::RankPoint>,
 }
@@ -179,7 +183,10 @@ impl LiveView {
         for (table, batch) in tables {
             match table {
                 Table::Steps => values.steps.extend(rows::steps(batch)),
-                Table::Layers => values.layers.extend(rows::layers(batch)),
+                Table::Layers => {
+                    values.layer_rows += batch.num_rows();
+                    values.layers.push(batch);
+                }
                 Table::Events => values.events.extend(rows::events(batch)),
                 Table::Ranks => values.ranks.extend(rows::ranks(batch)),
                 Table::Runs | Table::Model => {}
@@ -189,13 +196,13 @@ impl LiveView {
         let mut inner = self.lock();
         let Some(state) = rank_slot(&mut inner, run_id, rank) else {
             if let Some(run) = inner.runs.get_mut(run_id) {
-                run.counters.rows_not_shown += (values.steps.len() + values.layers.len()) as u64;
+                run.counters.rows_not_shown += (values.steps.len() + values.layer_rows) as u64;
             }
             return;
         };
         let mut counters = RunCounters {
             step_rows: values.steps.len() as u64,
-            layer_rows: values.layers.len() as u64,
+            layer_rows: values.layer_rows as u64,
             ..RunCounters::default()
         };
         for point in values.steps {
@@ -210,7 +217,13 @@ impl LiveView {
                         state.steps.insert(at, point);
                     }
                 }
-                _ => state.steps.push_back(point),
+                _ => {
+                    // Room first: the deque never grows past `keep`.
+                    if state.steps.len() >= keep {
+                        state.steps.pop_front();
+                    }
+                    state.steps.push_back(point);
+                }
             }
             if state.steps.len() > keep {
                 state.steps.pop_front();
@@ -243,7 +256,15 @@ impl LiveView {
         let Some(run) = inner.runs.get_mut(run_id) else {
             return;
         };
-        for (name, point) in values.layers {
+        // A layer is followed on the lowest rank that samples it: a higher
+        // rank's rows of a layer already held are skipped unread.
+        let mut layers = Vec::new();
+        for batch in values.layers {
+            layers.extend(rows::layers(batch, |name| {
+                run.layers.get(name).is_none_or(|held| rank <= held.rank)
+            }));
+        }
+        for (name, point) in layers {
             if !run.layers.contains_key(&name) {
                 if run.layers.len() >= MAX_LAYERS {
                     counters.rows_not_shown += 1;
@@ -264,10 +285,10 @@ impl LiveView {
                 layer.history.clear();
             }
             if rank == layer.rank {
-                layer.history.push_back(point);
-                if layer.history.len() > LAYER_HISTORY {
+                if layer.history.len() >= LAYER_HISTORY {
                     layer.history.pop_front();
                 }
+                layer.history.push_back(point);
             }
         }
         let c = &mut run.counters;

@@ -74,8 +74,12 @@ pub fn steps(batch: &RecordBatch) -> Vec<StepPoint> {
         .collect()
 }
 
-/// The rows of a `layers` record batch, with their layer names.
-pub fn layers(batch: &RecordBatch) -> Vec<(String, LayerPoint)> {
+/// The rows of a `layers` record batch whose layer `keep` wants, with their
+/// layer names (the others cost a look at their name, no allocation).
+pub fn layers(
+    batch: &RecordBatch,
+    mut keep: impl FnMut(&str) -> bool,
+) -> Vec<(String, LayerPoint)> {
     let step = column::<UInt64Type>(batch, "step");
     let layer = strings(batch, "layer");
     let f = |name| column::<Float32Type>(batch, name);
@@ -90,7 +94,7 @@ pub fn layers(batch: &RecordBatch) -> Vec<(String, LayerPoint)> {
     let wide = |v: Option<f32>| v.map(f64::from);
     (0..batch.num_rows())
         .filter_map(|i| {
-            let name = text(layer, i)?.to_string();
+            let name = text(layer, i).filter(|n| keep(n))?.to_string();
             let point = LayerPoint {
                 step: at(step, i)?,
                 stable_rank: wide(at(stable_rank, i)),

@@ -199,3 +199,20 @@ fn its_json_reads_back() {
     let back: RunSnapshot = serde_json::from_str(&json).unwrap();
     assert_eq!(back, run);
 }
+
+#[test]
+fn a_rank_takes_what_the_header_says() {
+    // The header's memory figures: 192 bytes a step, 96 a layer sample.
+    assert_eq!(std::mem::size_of::<StepPoint>(), 192);
+    assert_eq!(std::mem::size_of::<LayerPoint>(), 96);
+    let view = LiveView::new(DEFAULT_STEPS);
+    view.record("r", 0, &records("r", 0, steps(0..200, 1.0)));
+    let inner = view.lock();
+    let rank = &inner.runs["r"].ranks[&0];
+    assert_eq!(rank.steps.len(), DEFAULT_STEPS);
+    assert_eq!(
+        rank.steps.capacity(),
+        DEFAULT_STEPS,
+        "the deque never grows past its steps"
+    );
+}
