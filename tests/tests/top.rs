@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rankscope_tests::training::{ddp_example as torchrun, one_ddp_job};
-use rankscope_tests::{CollectorProc, bin, signal_group};
+use rankscope_tests::{CollectorProc, bin, signal, signal_group};
 
 /// The longest the test waits for something to show; a failure, not a timing.
 const LIMIT: Duration = Duration::from_secs(180);
@@ -151,7 +151,9 @@ fn step_of(screen: &str, rank: u32) -> Option<u64> {
 }
 
 /// The torchrun job, in a process group of its own; stopped with every rank
-/// when dropped, so a failed test leaves no ranks behind.
+/// when dropped, so a failed test leaves no ranks behind. torchrun starts its
+/// ranks in sessions of their own, outside its group: SIGTERM to torchrun
+/// stops them, and only a torchrun that does not exit is killed with its group.
 struct Job(Child);
 
 impl Job {
@@ -162,6 +164,14 @@ impl Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
+        signal(self.0.id(), "TERM");
+        let start = Instant::now();
+        while start.elapsed() < LIMIT {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         signal_group(self.0.id(), "KILL");
         let _ = self.0.wait();
     }
