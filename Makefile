@@ -20,7 +20,7 @@ WHEEL_DATA := python/wheel-data
 MATURIN := cd python && CARGO_TARGET_DIR=$(CURDIR)/target maturin
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup python python-dev wheel browser demo test lint bench bench-sharding fmt collector clean
+.PHONY: help setup python python-dev wheel browser terminal demo test lint bench bench-sharding fmt collector clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -89,9 +89,14 @@ browser:
 	@command -v chromium >/dev/null || { echo "installing chromium (the report's browser test)"; \
 	  (command -v sudo >/dev/null && S=sudo || S=; $$S apt-get update -qq && $$S apt-get install -y -qq chromium); }
 
+# tmux, for `rankscope top`'s terminal test (Debian's package).
+terminal:
+	@command -v tmux >/dev/null || { echo "installing tmux (rankscope top's terminal test)"; \
+	  (command -v sudo >/dev/null && S=sudo || S=; $$S apt-get update -qq && $$S apt-get install -y -qq tmux); }
+
 # The wheel test installs python-dev's wheel (the dev profile) into a fresh
 # venv of its own, as a user would.
-test: $(STAMP) python-dev browser ## build everything and run every test (installs the package's dev build)
+test: $(STAMP) python-dev browser terminal ## build everything and run every test (installs the package's dev build)
 	cargo build --workspace --bins
 	cargo test --workspace --no-fail-fast
 	RANKSCOPE_WHEEL="$$(ls target/wheels/dev/rankscope-*.whl)" $(VENV)/bin/python -m pytest -q python/tests

@@ -31,7 +31,7 @@ use clap::{Parser, Subcommand};
 
 #[cfg(feature = "torch")]
 use commands::{bench, spectrum, train};
-use commands::{collector, compare, demo, jumps, launch, loadgen, replay, report, summary};
+use commands::{collector, compare, demo, jumps, launch, loadgen, replay, report, summary, top};
 
 #[derive(Parser)]
 #[command(
@@ -41,6 +41,8 @@ use commands::{collector, compare, demo, jumps, launch, loadgen, replay, report,
     after_help = "Examples:
   rankscope demo                                  # 4 PyTorch DDP ranks, embedded collector, summary
   rankscope collector --out ./rankscope-out       # the central collector
+  rankscope collector --http 127.0.0.1:9464       # ... with its live view, then:
+  rankscope top --collector 127.0.0.1:9464        # every rank live in the terminal
   rankscope launch --nproc-per-node 4 -- rankscope train --model cnn
   rankscope loadgen --ranks 8 --steps 100 --layers 12 --collector 127.0.0.1:50051
   rankscope report rankscope-out                  # HTML page + diagnoses of the latest run
@@ -65,6 +67,7 @@ enum Command {
     Report(report::Args),
     Compare(compare::Args),
     Jumps(jumps::Args),
+    Top(top::Args),
     #[cfg(feature = "torch")]
     Train(train::Args),
     Demo(demo::Args),
@@ -102,6 +105,7 @@ where
         Command::Report(args) => report::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Jumps(args) => jumps::run(args),
+        Command::Top(args) => top::run(args),
         #[cfg(feature = "torch")]
         Command::Train(args) => train::run(args),
         Command::Demo(args) => demo::run(args),

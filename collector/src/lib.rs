@@ -30,8 +30,10 @@
 //!   [`store::commit`] makes atomic commits and writes the commit log,
 //!   [`store::recovery`] recovers after a crash;
 //! - [`space`]: free space on the output filesystem, the `--min-free-bytes` floor;
-//! - [`ops`]: `/metrics`, `/healthz` and `/readyz` (`--http`) and the gRPC health
-//!   service;
+//! - [`live`]: the live view, what every rank is doing now, fed by the rows as
+//!   they are accepted and bounded in memory;
+//! - [`ops`]: `/metrics`, `/healthz`, `/readyz` and `/live` (`--http`) and the
+//!   gRPC health service;
 //! - `fuzzing` (only with the `fuzzing` feature, and in unit tests): what the
 //!   collector runs on one message's bytes, as plain functions that assert their
 //!   contract, for the fuzz targets (`fuzz/`).
@@ -48,6 +50,7 @@ pub mod counters;
 pub mod fuzzing;
 pub mod grpc;
 pub mod intake;
+pub mod live;
 pub mod ops;
 pub mod phase;
 pub mod room;
@@ -110,6 +113,11 @@ pub struct CollectorConfig {
     pub min_free_bytes: u64,
     /// TLS for the listener; `None` serves plaintext.
     pub tls: Option<tls::ServerTls>,
+    /// Steps the live view keeps per rank (`/live` on the `--http` server); 0
+    /// turns it off.
+    pub live_steps: usize,
+    /// Runs the live diagnoses for `/live` (the command hands in report's).
+    pub live_findings: Option<live::Findings>,
 }
 
 impl CollectorConfig {
@@ -143,6 +151,8 @@ impl CollectorConfig {
             token: None,
             min_free_bytes: space::DEFAULT_MIN_FREE_BYTES,
             tls: None,
+            live_steps: live::DEFAULT_STEPS,
+            live_findings: None,
         }
     }
 
@@ -203,6 +213,16 @@ impl CollectorConfig {
                 "--max-file-rows 0 would close every file before its first row: give at least 1 \
                  (the default is {})",
                 Self::DEFAULT_MAX_FILE_ROWS
+            ));
+        }
+        if self.live_steps > live::MAX_STEPS {
+            return bad(format!(
+                "--live-steps {} is more than the live view keeps ({}): give at most {} \
+                 (the default is {}; 0 turns the view off)",
+                self.live_steps,
+                live::MAX_STEPS,
+                live::MAX_STEPS,
+                live::DEFAULT_STEPS
             ));
         }
         if self.max_streams == 0 {
@@ -302,13 +322,17 @@ pub async fn serve_with_http(
     ));
     let space = Arc::new(space::SpaceGuard::new(&config.out, config.min_free_bytes));
     let readiness = ops::Readiness::new(phase_rx.clone(), space.clone());
+    // Only `--http` serves the view: without it nothing is kept.
+    let live = (config.live_steps > 0 && http.is_some())
+        .then(|| Arc::new(live::LiveView::new(config.live_steps)));
     let service = CollectorService::new(
         intake.clone(),
         space,
         phase_rx.clone(),
         config.max_streams,
         stream_counters.clone(),
-    );
+    )
+    .with_live(live.clone());
     let (http_stop, http_task) = match http {
         Some(listener) => {
             let figures = ops::metrics::Figures {
@@ -321,7 +345,11 @@ pub async fn serve_with_http(
                 out: config.out.clone(),
                 min_free_bytes: config.min_free_bytes,
             };
-            let endpoints = ops::http::Endpoints::new(figures.registry(), readiness.clone());
+            let live = live.map(|view| {
+                ops::live::LiveEndpoints::new(view, config.token.clone())
+                    .with_findings(config.live_findings.clone())
+            });
+            let endpoints = ops::http::Endpoints::new(figures.registry(), readiness.clone(), live);
             let (stop, stopped) = watch::channel(false);
             let task = tokio::spawn(ops::http::serve(listener, endpoints, stopped));
             (Some(stop), Some(task))

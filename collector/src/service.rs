@@ -27,6 +27,7 @@ use crate::buffer::RankKey;
 use crate::counters::{BatchRows, Refusal, StreamCounters};
 use crate::grpc::{ReadEnd, StreamService, Undecoded};
 use crate::intake::{self, Admission, Intake, OnStream};
+use crate::live::LiveView;
 use crate::phase::{Phase, until};
 use crate::sequence::SeqError;
 use crate::space::SpaceGuard;
@@ -47,6 +48,8 @@ pub struct CollectorService {
     open_streams: Arc<AtomicUsize>,
     max_streams: usize,
     counters: Arc<StreamCounters>,
+    /// Fed with every accepted batch; `None` with `--live-steps 0`.
+    live: Option<Arc<LiveView>>,
 }
 
 impl CollectorService {
@@ -64,7 +67,14 @@ impl CollectorService {
             open_streams: Arc::new(AtomicUsize::new(0)),
             max_streams,
             counters,
+            live: None,
         }
+    }
+
+    /// Feeds `live` with every batch accepted from now on.
+    pub fn with_live(mut self, live: Option<Arc<LiveView>>) -> CollectorService {
+        self.live = live;
+        self
     }
 
     /// The number of streams open now (for `/metrics`).
@@ -232,7 +242,11 @@ impl StreamService for CollectorService {
             .await
             .map_err(|_| Status::cancelled("stream closed"))?;
         tracing::debug!(run_id = %hello.run_id, rank = hello.rank, "stream opened");
+        if let Some(live) = &self.live {
+            live.hello(&hello);
+        }
         let task = StreamTask {
+            live: self.live.clone(),
             intake: self.intake.clone(),
             space: self.space.clone(),
             counters: self.counters.clone(),
@@ -256,6 +270,7 @@ impl StreamService for CollectorService {
 }
 
 struct StreamTask {
+    live: Option<Arc<LiveView>>,
     intake: Arc<Intake>,
     space: Arc<SpaceGuard>,
     counters: Arc<StreamCounters>,
@@ -372,6 +387,9 @@ impl StreamTask {
         let rows = BatchRows::of(&batch);
         let mut waited = Duration::ZERO;
         let mut batch = batch.finish(&self.key.0, self.key.1);
+        // The live view reads the same record batches (shared, not copied)
+        // once the batch is accepted.
+        let for_live = self.live.as_ref().map(|_| batch.tables.clone());
         loop {
             let stream = OnStream {
                 generation: self.generation,
@@ -394,6 +412,9 @@ impl StreamTask {
                 Admission::Accepted => {
                     self.counters.batches.fetch_add(1, Ordering::Relaxed);
                     self.counters.rows.add(&self.key.0, rows);
+                    if let (Some(live), Some(tables)) = (&self.live, &for_live) {
+                        live.record(&self.key.0, self.key.1, tables);
+                    }
                     break;
                 }
                 Admission::Duplicate => {

@@ -6,10 +6,13 @@
 //! - `stats`: normal tails, robust scale, least-squares lines, the binomial tail;
 //! - `jumps`: the jump (change-point) detector and its false-alarm control;
 //! - `validity`: the detector's fixtures and scoring, modelled on NDT's harness;
-//! - `diagnoses`: what went wrong in a run, with thresholds and evidence.
+//! - `diagnoses`: what went wrong in a run, with thresholds and evidence;
+//! - `live`: the diagnoses that run mid-run, over the collectors' live view,
+//!   with the step at which each fired.
 
 pub mod diagnoses;
 pub mod jumps;
+pub mod live;
 pub mod stats;
 #[cfg(test)]
 pub mod validity;

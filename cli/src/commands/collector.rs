@@ -15,15 +15,18 @@ use crate::duration_arg;
   rankscope collector --out /data/rankscope --min-free-bytes 10737418240   # keep 10 GiB free
   rankscope collector --listen 0.0.0.0:50051 --token-file token.txt \
       --tls-cert server.pem --tls-key server.key --tls-client-ca ca.pem   # mutual TLS
-  rankscope collector --out /data/rankscope --http 127.0.0.1:9464   # Prometheus, health
+  rankscope collector --out /data/rankscope --http 127.0.0.1:9464   # Prometheus, health, live view
+  rankscope top --collector 127.0.0.1:9464                           # then watch the run live
 
 With --http ADDR it also serves, over plain HTTP: GET /metrics (Prometheus
 figures: rows and batches received, duplicates, refusals by reason, commit
 durations, buffer bytes, open streams, rows per run, free disk), GET /healthz
-(200 while the process runs) and GET /readyz (200 while it accepts batches, 503
-while it drains or its disk is below --min-free-bytes). The gRPC port always
-serves the standard health service (grpc.health.v1.Health), with the same
-readiness.
+(200 while the process runs), GET /readyz (200 while it accepts batches, 503
+while it drains or its disk is below --min-free-bytes), and the live view of
+every run: GET /live (a page), /live/runs and /live/runs/<run> (JSON),
+/live/runs/<run>/events (server-sent events); with --token-file, /live asks for
+the token. The gRPC port always serves the standard health service
+(grpc.health.v1.Health), with the same readiness.
 
 Files appear as OUT/<table>/run_id=<run>/part-*.parquet (tables: runs, ranks, steps,
 layers, model, events, comm). On SIGTERM or Ctrl-C the collector commits and acknowledges
@@ -84,11 +87,16 @@ pub struct Args {
     /// so they land once space is freed.
     #[arg(long, default_value_t = rankscope_collector::space::DEFAULT_MIN_FREE_BYTES)]
     pub min_free_bytes: u64,
-    /// Serve /metrics (Prometheus), /healthz and /readyz over plain HTTP on this
-    /// address (port 0 picks a free port). Off by default; no TLS and no token,
-    /// so bind it to loopback or a monitoring network.
+    /// Serve /metrics (Prometheus), /healthz, /readyz and /live over plain HTTP
+    /// on this address (port 0 picks a free port). Off by default; no TLS (only
+    /// /live asks for the --token-file token), so bind it to loopback or a
+    /// monitoring network.
     #[arg(long, value_name = "ADDR", env = "RANKSCOPE_HTTP")]
     pub http: Option<SocketAddr>,
+    /// Steps the live view (/live, `rankscope top`) keeps per rank, in memory;
+    /// 0 turns it off.
+    #[arg(long, value_name = "N", default_value_t = rankscope_collector::live::DEFAULT_STEPS)]
+    pub live_steps: usize,
 }
 
 impl Args {
@@ -104,6 +112,8 @@ impl Args {
         config.message_timeout = self.message_timeout.0;
         config.rank_grace = self.rank_grace.0;
         config.min_free_bytes = self.min_free_bytes;
+        config.live_steps = self.live_steps;
+        config.live_findings = Some(crate::analysis::live::collector_findings());
         config.check()?;
         if let Some(path) = &self.token_file {
             let token = std::fs::read_to_string(path)
@@ -156,7 +166,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("cannot listen on --http {http}: is the port in use? choose another"))?;
                 // Tests and scripts read this second line to find a port chosen with :0.
-                say(format_args!("rankscope collector ops on http://{} (/metrics, /healthz, /readyz)", listener.local_addr()?));
+                say(format_args!("rankscope collector ops on http://{} (/metrics, /healthz, /readyz, /live)", listener.local_addr()?));
                 Some(listener)
             }
             None => None,

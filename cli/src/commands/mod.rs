@@ -8,6 +8,8 @@
 //! - `report`: `rankscope report`, the HTML page and JSON summary of a run;
 //! - `compare`: `rankscope compare`, two runs side by side;
 //! - `jumps`: `rankscope jumps`, change points in one series;
+//! - `top`: `rankscope top`, every rank of a run live, from the collectors' live
+//!   view;
 //! - `train`: `rankscope train`, the example models with the agent (`torch` feature);
 //! - `demo`: `rankscope demo`, the README's `make demo`;
 //! - `spectrum`: `rankscope spectrum`, metrics of a saved `.npy` matrix (`torch`
@@ -29,5 +31,6 @@ pub mod report;
 #[cfg(feature = "torch")]
 pub mod spectrum;
 pub mod summary;
+pub mod top;
 #[cfg(feature = "torch")]
 pub mod train;

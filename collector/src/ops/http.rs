@@ -1,14 +1,17 @@
-//! The `--http` server: `GET /metrics`, `/healthz` and `/readyz` over HTTP/1.1.
+//! The `--http` server: `GET /metrics`, `/healthz`, `/readyz` and `/live` over
+//! HTTP/1.1.
 //!
 //! | path | answer |
 //! |---|---|
 //! | `/metrics` | 200, the figures of [`super::metrics`] (OpenMetrics text) |
 //! | `/healthz` | 200 `ok` while the process serves at all (liveness) |
 //! | `/readyz` | 200 `ready`, or 503 with the reason: draining, or short of disk |
+//! | `/live`, `/live/…` | the live view ([`super::live`]), behind the collector's token |
 //!
-//! It is plain hyper on the tokio runtime the gRPC server uses (no TLS, no
-//! token: the figures hold run ids and counts, not rows; bind it to loopback or a
-//! monitoring network). It stays up through the drain, so a balancer sees
+//! It is plain hyper on the tokio runtime the gRPC server uses, without TLS. The
+//! ops figures hold run ids and counts, not rows, and need no token; `/live`
+//! shows rows and asks for the collector's token when it has one. Bind it to
+//! loopback or a monitoring network. It stays up through the drain, so a balancer sees
 //! `/readyz` turn 503, and stops once the gRPC server has stopped. Connections are
 //! bounded ([`MAX_CONNECTIONS`]) and a request's head must arrive within
 //! [`HEADER_TIMEOUT`], so a stuck scraper cannot hold the collector's resources.
@@ -18,7 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode, header};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -28,7 +32,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::Readiness;
+use super::live::LiveEndpoints;
 use super::metrics::{CONTENT_TYPE, encode};
+
+/// A response body: whole, or a stream of events (`/live/runs/<run>/events`).
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Most HTTP connections served at once; more wait in the listen backlog.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -40,27 +48,41 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Endpoints {
     registry: Arc<Registry>,
     readiness: Readiness,
+    /// `None` with the live view off (`--live-steps 0`).
+    live: Option<LiveEndpoints>,
 }
 
 impl Endpoints {
-    pub fn new(registry: Registry, readiness: Readiness) -> Endpoints {
+    pub fn new(registry: Registry, readiness: Readiness, live: Option<LiveEndpoints>) -> Endpoints {
         Endpoints {
             registry: Arc::new(registry),
             readiness,
+            live,
         }
     }
 
     /// The answer to one request.
-    pub fn respond<B>(&self, request: &Request<B>) -> Response<Full<Bytes>> {
+    pub fn respond<B>(&self, request: &Request<B>) -> Response<Body> {
         if request.method() != Method::GET && request.method() != Method::HEAD {
             return text(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "use GET on /metrics, /healthz or /readyz\n",
+                "use GET on /metrics, /healthz, /readyz or /live\n",
             );
         }
-        match request.uri().path() {
+        let path = request.uri().path();
+        if path == "/live" || path.starts_with("/live/") {
+            return match &self.live {
+                Some(live) => live.respond(request),
+                None => text(
+                    StatusCode::NOT_FOUND,
+                    "the live view is off (--live-steps 0): start the collector without it\n",
+                ),
+            };
+        }
+        match path {
             "/metrics" => {
-                let mut response = Response::new(Full::new(Bytes::from(encode(&self.registry))));
+                let mut response =
+                    Response::new(Full::new(Bytes::from(encode(&self.registry))).boxed_unsync());
                 response
                     .headers_mut()
                     .insert(header::CONTENT_TYPE, CONTENT_TYPE.parse().expect("valid"));
@@ -76,14 +98,15 @@ impl Endpoints {
             },
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found: the collector serves /metrics, /healthz and /readyz\n",
+                "not found: the collector serves /metrics, /healthz, /readyz and /live\n",
             ),
         }
     }
 }
 
-fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+/// A plain-text answer.
+pub fn text(status: StatusCode, body: &str) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed_unsync());
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,

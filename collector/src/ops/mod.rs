@@ -16,9 +16,11 @@
 //! - [`metrics`]: `/metrics`: the Prometheus names of the counters the service and
 //!   the committer keep ([`crate::counters`]), and the gauges read at scrape time;
 //! - [`http`]: the HTTP server;
+//! - [`live`]: `/live`, the live view as JSON, events and a page;
 //! - this module: [`Readiness`] and the gRPC health reporter.
 
 pub mod http;
+pub mod live;
 pub mod metrics;
 
 use std::sync::Arc;

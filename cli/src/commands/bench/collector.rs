@@ -27,7 +27,8 @@ use anyhow::{Context, bail};
   rankscope bench collector
   rankscope bench collector --ranks 256 --steps 400 --layers 48 --rss-ranks 1024
   rankscope bench collector --rss-ranks 0 --real-steps 0   # the throughput run only
-  rankscope bench collector --collector-bin target/release/rankscope-collector")]
+  rankscope bench collector --collector-bin target/release/rankscope-collector
+  rankscope bench collector --live-steps 0   # the collector without its live view, to compare")]
 pub struct Args {
     /// Concurrent streams (simulated ranks) of the throughput run.
     #[arg(long, default_value_t = 256)]
@@ -55,6 +56,10 @@ pub struct Args {
     /// The collector's memory bound, as `rankscope collector --max-memory-bytes`.
     #[arg(long, default_value_t = rankscope_collector::CollectorConfig::DEFAULT_MAX_MEMORY_BYTES)]
     pub max_memory_bytes: usize,
+    /// The collector's `--live-steps` (0: the live view off). The collector
+    /// serves `--http` on loopback, so the view is fed as in production.
+    #[arg(long, default_value_t = rankscope_collector::live::DEFAULT_STEPS)]
+    pub live_steps: usize,
 }
 
 /// What one run measured.
@@ -73,6 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // The collector would refuse a bound it cannot work with: say so before any run.
     let mut config = rankscope_collector::CollectorConfig::new(".");
     config.max_memory_bytes = args.max_memory_bytes;
+    config.live_steps = args.live_steps;
     config.check()?;
     let exe = std::env::current_exe().context("finding this binary to start the load")?;
     let collector_bin = match &args.collector_bin {
@@ -112,7 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &collector_bin,
             &tmp.path().join(name),
             format!("loadgen, {ranks} streams"),
-            args.max_memory_bytes,
+            &args,
             loadgen(ranks, steps),
             rows,
             layers,
@@ -136,7 +142,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &collector_bin,
             &tmp.path().join("real"),
             "rankscope train (transformer, every step)".into(),
-            args.max_memory_bytes,
+            &args,
             train,
             0,
             0,
@@ -151,12 +157,12 @@ fn measure(
     collector_bin: &Path,
     out: &Path,
     label: String,
-    max_memory_bytes: usize,
+    args: &Args,
     mut load: Command,
     rows: u64,
     layers_rows: u64,
 ) -> anyhow::Result<Measured> {
-    let (mut collector, addr) = start_collector(collector_bin, out, max_memory_bytes)?;
+    let (mut collector, addr) = start_collector(collector_bin, out, args)?;
     let started = Instant::now();
     let before = children_cpu_s();
     let status = load
@@ -202,15 +208,13 @@ fn measure(
     })
 }
 
-fn start_collector(
-    exe: &Path,
-    out: &Path,
-    max_memory_bytes: usize,
-) -> anyhow::Result<(Child, String)> {
+fn start_collector(exe: &Path, out: &Path, args: &Args) -> anyhow::Result<(Child, String)> {
     let mut child = Command::new(exe)
         .args(["collector", "--listen", "127.0.0.1:0", "--out"])
         .arg(out)
-        .args(["--max-memory-bytes", &max_memory_bytes.to_string()])
+        .args(["--max-memory-bytes", &args.max_memory_bytes.to_string()])
+        .args(["--http", "127.0.0.1:0"])
+        .args(["--live-steps", &args.live_steps.to_string()])
         .env("RANKSCOPE_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -306,10 +310,15 @@ fn print_report(args: &Args, results: &[Measured]) {
         .as_ref()
         .map_or("this binary".to_string(), |b| b.display().to_string());
     println!(
-        "\n`rankscope bench collector`: {} layers per rank, memory bound {} MiB, {cores} CPU(s); \
-         collector ({binary}) and load in separate processes on the same machine.\n",
+        "\n`rankscope bench collector`: {} layers per rank, memory bound {} MiB, live view {}, \
+         {cores} CPU(s); collector ({binary}) and load in separate processes on the same machine.\n",
         args.layers,
-        args.max_memory_bytes >> 20
+        args.max_memory_bytes >> 20,
+        if args.live_steps == 0 {
+            "off".to_string()
+        } else {
+            format!("{} steps per rank", args.live_steps)
+        }
     );
     println!(
         "| load | rows | wall s | collector CPU s | rows / collector CPU s | load CPU s | collector peak RSS MiB | layers bytes / row |"
