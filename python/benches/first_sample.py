@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from accounting import _duckdb  # beside this file
 
 SAMPLE_EVERY = 10
 LENGTHS = (60, 1000)
@@ -63,12 +64,6 @@ def one_run(args: argparse.Namespace) -> None:
             opt.zero_grad(set_to_none=True)
             s.record(loss=loss.detach())
     agent.finish()
-
-
-def _duckdb(sql: str) -> list[list[str]]:
-    duckdb = shutil.which("duckdb") or str(Path(sys.executable).parent / "duckdb")
-    out = subprocess.run([duckdb, "-csv", "-noheader", "-c", sql], check=True, capture_output=True, text=True)
-    return [line.split(",") for line in out.stdout.split()]
 
 
 def run(collector: str, out: Path, rounds: int, stop_collector) -> list[str]:  # type: ignore[no-untyped-def]
