@@ -11,8 +11,8 @@
 //!   already held is left out and counted (`rows_not_shown`);
 //! - at most [`MAX_LAYERS`] layers per run, the rest counted the same way.
 //!
-//! A step takes 192 bytes, so at the defaults a rank takes 12 KiB and the view
-//! at most 48 MiB (4,096 ranks); a layer's history takes 3 KiB. BENCHMARKS.md
+//! A step takes 200 bytes, so at the defaults a rank takes 12.5 KiB and the view
+//! at most 50 MiB (4,096 ranks); a layer's history takes 3 KiB. BENCHMARKS.md
 //! has the measured figure at 1,024 ranks. The files
 //! are unaffected: the view only reads the record batches the buffer keeps.
 //!
@@ -136,6 +136,8 @@ struct Values<'a> {
     layer_rows: usize,
     events: Vec<rows::EventPoint>,
     ranks: Vec<rows::RankPoint>,
+    /// (step, comm_ms) of its `comm` rows.
+    comm: Vec<(u64, f64)>,
 }
 
 fn now_us() -> i64 {
@@ -189,6 +191,7 @@ impl LiveView {
                 }
                 Table::Events => values.events.extend(rows::events(batch)),
                 Table::Ranks => values.ranks.extend(rows::ranks(batch)),
+                Table::Comm => values.comm.extend(rows::comm(batch)),
                 Table::Runs | Table::Model => {}
             }
         }
@@ -227,6 +230,16 @@ impl LiveView {
             }
             if state.steps.len() > keep {
                 state.steps.pop_front();
+            }
+        }
+        // A step's `comm` rows follow its `steps` row (in the same batch or a
+        // later one): their time adds up to its comm_ms where the row had none.
+        for (step, ms) in values.comm {
+            let at = state.steps.partition_point(|s| s.step < step);
+            if let Some(point) = state.steps.get_mut(at).filter(|s| s.step == step)
+                && point.comm_from_table
+            {
+                point.comm_ms = Some(point.comm_ms.unwrap_or(0.0) + ms);
             }
         }
         for event in &values.events {

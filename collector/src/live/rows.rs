@@ -63,6 +63,7 @@ pub fn steps(batch: &RecordBatch) -> Vec<StepPoint> {
                 backward_ms: at(backward_ms, i),
                 optimizer_ms: at(optimizer_ms, i),
                 comm_ms: at(comm_ms, i),
+                comm_from_table: at(comm_ms, i).is_none(),
                 overhead_ms: at(overhead_ms, i).unwrap_or_default(),
                 loss: at(loss, i),
                 grad_norm: at(grad_norm, i),
@@ -71,6 +72,16 @@ pub fn steps(batch: &RecordBatch) -> Vec<StepPoint> {
                 device_allocated_bytes: at(device_allocated_bytes, i),
             })
         })
+        .collect()
+}
+
+/// The (step, `comm_ms`) of the rows of a `comm` record batch; rows between steps
+/// (a null `step`) are left out.
+pub fn comm(batch: &RecordBatch) -> Vec<(u64, f64)> {
+    let step = column::<UInt64Type>(batch, "step");
+    let comm_ms = column::<Float64Type>(batch, "comm_ms");
+    (0..batch.num_rows())
+        .filter_map(|i| Some((at(step, i)?, at(comm_ms, i)?)))
         .collect()
 }
 

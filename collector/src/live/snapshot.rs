@@ -106,8 +106,13 @@ pub struct StepPoint {
     pub backward_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_ms: Option<f64>,
+    /// The step's `comm_ms`; where its row has none (an FSDP run, a loop of
+    /// the user's own collectives), the sum of its `comm` rows' `comm_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comm_ms: Option<f64>,
+    /// Whether `comm_ms` is that sum (the `comm` rows of the step add to it).
+    #[serde(skip)]
+    pub comm_from_table: bool,
     pub overhead_ms: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<f64>,

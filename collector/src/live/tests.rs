@@ -202,8 +202,8 @@ fn its_json_reads_back() {
 
 #[test]
 fn a_rank_takes_what_the_header_says() {
-    // The header's memory figures: 192 bytes a step, 96 a layer sample.
-    assert_eq!(std::mem::size_of::<StepPoint>(), 192);
+    // The header's memory figures: 200 bytes a step, 96 a layer sample.
+    assert_eq!(std::mem::size_of::<StepPoint>(), 200);
     assert_eq!(std::mem::size_of::<LayerPoint>(), 96);
     let view = LiveView::new(DEFAULT_STEPS);
     view.record("r", 0, &records("r", 0, steps(0..200, 1.0)));
@@ -215,4 +215,47 @@ fn a_rank_takes_what_the_header_says() {
         DEFAULT_STEPS,
         "the deque never grows past its steps"
     );
+}
+
+#[test]
+fn a_step_without_comm_ms_shows_the_sum_of_its_comm_rows() {
+    use rankscope_proto::v1::CommRow;
+    let view = LiveView::new(8);
+    let comm = |step: Option<u64>, kind: &str, comm_ms: f64| CommRow {
+        step,
+        time: 1_000_000,
+        kind: kind.into(),
+        count: 2,
+        bytes: 1 << 20,
+        comm_ms,
+    };
+    // An FSDP step: no comm_ms in its row, its all-gathers and reduce-scatters in
+    // `comm`, the second kind in a later batch, and a row between steps.
+    let mut fsdp = steps(0..2, 10.0);
+    for row in &mut fsdp.steps {
+        row.comm_ms = None;
+    }
+    fsdp.comm = vec![
+        comm(Some(0), "all_gather", 3.0),
+        comm(Some(1), "all_gather", 4.0),
+        comm(None, "broadcast", 100.0),
+    ];
+    view.record("f", 0, &records("f", 0, fsdp));
+    let later = Batch {
+        seq: 2,
+        comm: vec![comm(Some(1), "reduce_scatter", 1.5)],
+        ..Default::default()
+    };
+    view.record("f", 0, &records("f", 0, later));
+    // A DDP step keeps its own comm_ms: its bucket all-reduces in `comm` are the
+    // same time, not more.
+    let mut ddp = steps(0..1, 10.0);
+    ddp.comm = vec![comm(Some(0), "all_reduce", 2.0)];
+    view.record("d", 0, &records("d", 0, ddp));
+
+    let f = view.run("f", usize::MAX).unwrap();
+    let comm_ms: Vec<Option<f64>> = f.ranks[0].steps.iter().map(|s| s.comm_ms).collect();
+    assert_eq!(comm_ms, [Some(3.0), Some(5.5)]);
+    let d = view.run("d", usize::MAX).unwrap();
+    assert_eq!(d.ranks[0].steps[0].comm_ms, Some(2.0));
 }
