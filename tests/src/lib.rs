@@ -300,6 +300,23 @@ fn wait_for(child: &mut Child, limit: Duration) -> bool {
     false
 }
 
+/// The headless browser the page tests drive (Debian's chromium, which `make test`
+/// installs).
+pub fn chromium() -> PathBuf {
+    for name in ["chromium", "chromium-browser", "google-chrome"] {
+        if let Ok(out) = Command::new("sh")
+            .args(["-c", &format!("command -v {name}")])
+            .output()
+            && out.status.success()
+        {
+            return PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        }
+    }
+    panic!(
+        "no headless browser: `make test` installs Debian's chromium package (apt-get install chromium)"
+    );
+}
+
 /// Runs `sql` in the DuckDB CLI and returns its CSV output without header.
 pub fn duckdb(sql: &str) -> String {
     let output = Command::new(tool("duckdb"))

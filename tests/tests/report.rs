@@ -4,11 +4,11 @@
 //!
 //! `make test` installs Chromium (Debian's `chromium` package) when it is missing.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use rankscope_tests::training::{SAMPLE_EVERY, launch, train, wait_ok};
-use rankscope_tests::{CollectorProc, bin, rankscope};
+use rankscope_tests::{CollectorProc, bin, chromium, rankscope};
 
 /// The sections the page must have, by element id.
 const SECTIONS: [&str; 8] = [
@@ -27,21 +27,6 @@ const LAYERS: usize = 4;
 /// Rows of its model profile: the taps, plus ln1, ln2 and pos.
 const MODEL_ROWS: usize = 7;
 const STEPS: u64 = 100;
-
-fn chromium() -> PathBuf {
-    for name in ["chromium", "chromium-browser", "google-chrome"] {
-        if let Ok(out) = Command::new("sh")
-            .args(["-c", &format!("command -v {name}")])
-            .output()
-            && out.status.success()
-        {
-            return PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        }
-    }
-    panic!(
-        "no headless browser: `make test` installs Debian's chromium package (apt-get install chromium)"
-    );
-}
 
 /// Headless Chromium on a local file, with a profile of its own.
 fn browser(page: &Path, profile: &Path, args: &[&str]) -> std::process::Output {

@@ -6,12 +6,12 @@
 //! `make test` installs tmux and Chromium (Debian's packages) and the Python
 //! package first.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rankscope_tests::training::{ddp_example as torchrun, one_ddp_job};
-use rankscope_tests::{CollectorProc, bin, signal, signal_group};
+use rankscope_tests::{CollectorProc, bin, chromium, signal, signal_group};
 
 /// The longest the test waits for something to show; a failure, not a timing.
 const LIMIT: Duration = Duration::from_secs(180);
@@ -92,21 +92,6 @@ impl Drop for Session {
     fn drop(&mut self) {
         let _ = tmux(&["-L", &self.socket, "kill-server"]);
     }
-}
-
-fn chromium() -> PathBuf {
-    for name in ["chromium", "chromium-browser", "google-chrome"] {
-        if let Ok(out) = Command::new("sh")
-            .args(["-c", &format!("command -v {name}")])
-            .output()
-            && out.status.success()
-        {
-            return PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        }
-    }
-    panic!(
-        "no headless browser: `make test` installs Debian's chromium package (apt-get install chromium)"
-    );
 }
 
 /// Headless Chromium on `url`, then `args`' output (a screenshot, the DOM). The

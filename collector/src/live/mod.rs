@@ -304,14 +304,7 @@ impl LiveView {
                 layer.history.push_back(point);
             }
         }
-        let c = &mut run.counters;
-        c.samples_dropped += counters.samples_dropped;
-        c.samples_skipped += counters.samples_skipped;
-        c.rows_dropped += counters.rows_dropped;
-        c.nonfinite_events += counters.nonfinite_events;
-        c.step_rows += counters.step_rows;
-        c.layer_rows += counters.layer_rows;
-        c.rows_not_shown += counters.rows_not_shown;
+        run.counters.add(&counters);
         run.updated_us = now_us();
     }
 

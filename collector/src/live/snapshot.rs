@@ -75,6 +75,20 @@ pub struct RunCounters {
     pub rows_not_shown: u64,
 }
 
+impl RunCounters {
+    /// Adds `other`'s counts to these (a batch's to its run's, or one
+    /// collector's to a merged view's).
+    pub fn add(&mut self, other: &RunCounters) {
+        self.samples_dropped += other.samples_dropped;
+        self.samples_skipped += other.samples_skipped;
+        self.rows_dropped += other.rows_dropped;
+        self.nonfinite_events += other.nonfinite_events;
+        self.step_rows += other.step_rows;
+        self.layer_rows += other.layer_rows;
+        self.rows_not_shown += other.rows_not_shown;
+    }
+}
+
 /// One rank: who it is, its last steps (oldest first), its own counters.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankLive {

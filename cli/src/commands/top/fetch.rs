@@ -197,15 +197,7 @@ pub fn merge_run(parts: Vec<RunSnapshot>) -> Option<RunSnapshot> {
         s.updated_us = s.updated_us.max(part.summary.updated_us);
         merged.now_us = merged.now_us.max(part.now_us);
         merged.steps_kept = merged.steps_kept.max(part.steps_kept);
-        let c = &mut merged.counters;
-        let p = &part.counters;
-        c.samples_dropped += p.samples_dropped;
-        c.samples_skipped += p.samples_skipped;
-        c.rows_dropped += p.rows_dropped;
-        c.nonfinite_events += p.nonfinite_events;
-        c.step_rows += p.step_rows;
-        c.layer_rows += p.layer_rows;
-        c.rows_not_shown += p.rows_not_shown;
+        merged.counters.add(&part.counters);
         for rank in part.ranks {
             let newest =
                 |r: &rankscope_collector::live::snapshot::RankLive| r.steps.last().map(|s| s.step);

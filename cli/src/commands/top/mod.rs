@@ -101,6 +101,27 @@ struct Top {
     scroll: usize,
 }
 
+impl Top {
+    /// A view of `collectors` that has read nothing yet, showing `steps` steps of
+    /// the run `chosen` (or the first run found).
+    fn new(collectors: Vec<Collector>, steps: usize, chosen: Option<String>) -> Top {
+        Top {
+            collectors,
+            steps,
+            chosen,
+            runs: Vec::new(),
+            run: None,
+            findings: Vec::new(),
+            diagnoses: LiveDiagnoses::default(),
+            diagnosed: None,
+            answering: 0,
+            problems: Vec::new(),
+            sort: SortKey::default(),
+            scroll: 0,
+        }
+    }
+}
+
 /// `HOST:PORT` entries of `--collector`; names the bad entry.
 fn parse_collectors(list: &str, token: Option<String>) -> anyhow::Result<Vec<Collector>> {
     let mut out = Vec::new();
@@ -255,20 +276,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--interval 0 would read the collectors without pause: give e.g. 1s");
     }
     let token = read_token(&args)?;
-    let mut top = Top {
-        collectors: parse_collectors(&args.collector, token)?,
-        steps: args.steps,
-        chosen: args.run.clone(),
-        runs: Vec::new(),
-        run: None,
-        findings: Vec::new(),
-        diagnoses: LiveDiagnoses::default(),
-        diagnosed: None,
-        answering: 0,
-        problems: Vec::new(),
-        sort: SortKey::default(),
-        scroll: 0,
-    };
+    let mut top = Top::new(
+        parse_collectors(&args.collector, token)?,
+        args.steps,
+        args.run.clone(),
+    );
     if args.once {
         return once(&mut top, args.width, args.height);
     }
@@ -366,20 +378,7 @@ mod tests {
 
     #[test]
     fn a_small_terminal_gets_a_message_not_a_panic() {
-        let top = Top {
-            collectors: Vec::new(),
-            steps: 8,
-            chosen: None,
-            runs: Vec::new(),
-            run: None,
-            findings: Vec::new(),
-            diagnoses: LiveDiagnoses::default(),
-            diagnosed: None,
-            answering: 0,
-            problems: Vec::new(),
-            sort: SortKey::default(),
-            scroll: 0,
-        };
+        let top = Top::new(Vec::new(), 8, None);
         for (w, h) in [(1, 1), (20, 5), (79, 40), (200, 19)] {
             let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
             terminal.draw(|f| view::draw(f, &top.screen())).unwrap();
