@@ -145,6 +145,19 @@ fn check_batch(b: DecodedBatch, reference: &Batch) -> Outcome {
         // payload is refused here.
         return refused(Invalid::TooManyRows(reference.rows()));
     }
+    // `layer_columns` entries read as rows, as the protocol defines them; an
+    // entry that cannot be is the batch's refusal.
+    let mut reference = reference.clone();
+    if let Err(e) = reference.layers_as_rows() {
+        let invalid = Invalid::Columns(e);
+        assert_eq!(
+            b.invalid(),
+            Some(&invalid),
+            "the reader finds the broken entry"
+        );
+        return refused(invalid);
+    }
+    let reference = &reference;
     assert_eq!(
         validate::batch(reference).err().as_ref(),
         b.invalid(),
@@ -388,7 +401,9 @@ mod tests {
     //! random bytes, and valid messages mutated the way a fuzzer mutates them.
 
     use super::*;
-    use rankscope_proto::v1::{CommRow, EventRow, LayerRow, ModelRow, RankRow, RunRow, StepRow};
+    use rankscope_proto::v1::{
+        CommRow, EventRow, LayerColumns, LayerRow, ModelRow, RankRow, RunRow, StepRow,
+    };
 
     /// Seeded, so a failure reproduces.
     struct Rng(rand::rngs::StdRng);
@@ -450,6 +465,19 @@ mod tests {
                     conv_layout: "channelwise".into(),
                     ..Default::default()
                 }],
+                // Two more as columns, as this agent sends them.
+                layer_columns: vec![LayerColumns::from_rows(
+                    floats[..2]
+                        .iter()
+                        .map(|&x| LayerRow {
+                            layer: "encoder.layers.1.层".into(),
+                            stable_rank: Some(x),
+                            method: "sketch".into(),
+                            stable_rank_err: Some(x),
+                            ..Default::default()
+                        })
+                        .collect(),
+                )],
                 runs: vec![RunRow {
                     mode: 99,
                     workload: "mlp".into(),
@@ -526,7 +554,7 @@ mod tests {
         );
         assert_eq!(
             agent_message(&valid_batch(1).encode_to_vec()),
-            Outcome::Batch { rows: 11, files: 7 }
+            Outcome::Batch { rows: 13, files: 7 }
         );
         assert!(matches!(
             agent_message(&valid_batch(0).encode_to_vec()),

@@ -37,6 +37,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use hyper::body::Frame;
 use rankscope_proto::MAX_ROWS_PER_BATCH;
+use rankscope_proto::columns::LAYER_COLUMNS_FIELD;
 use rankscope_proto::v1::CollectorMessage;
 use rankscope_proto::v1::collector_server::SERVICE_NAME;
 use tokio::time::{Instant, Sleep};
@@ -108,9 +109,11 @@ impl Undecoded {
     }
 }
 
-/// Rows (entries of `Batch` fields 3 to 8) in every `batch` (field 2) of an
-/// `AgentMessage`'s bytes: occurrences of a message field are merged by decoders,
-/// so they add up. `Err` when the wire structure cannot be followed.
+/// Rows (entries of the `Batch` fields of the tables) in every `batch` (field 2)
+/// of an `AgentMessage`'s bytes: occurrences of a message field are merged by
+/// decoders, so they add up. A `layer_columns` entry counts as its longest column
+/// (or its dictionary, if longer): what its decoding can allocate. `Err` when the
+/// wire structure cannot be followed.
 pub fn batch_rows_on_wire(bytes: &[u8]) -> Result<usize, &'static str> {
     table_rows_on_wire(bytes).map(|rows| rows.iter().sum())
 }
@@ -120,8 +123,13 @@ fn table_rows_on_wire(bytes: &[u8]) -> Result<TableRows, &'static str> {
     let mut rows = [0; Table::ALL.len()];
     fields(bytes, 0, &mut |field, payload| {
         if field == 2 {
-            fields(payload, 0, &mut |field, _| {
-                if let Some(table) = u32::try_from(field).ok().and_then(Table::of_batch_field) {
+            fields(payload, 0, &mut |field, entry| {
+                if field == u64::from(LAYER_COLUMNS_FIELD) {
+                    rows[Table::Layers.index()] += wire::columns::rows_on_wire(entry)
+                        .map_err(|_| "layer_columns cannot be followed")?;
+                } else if let Some(table) =
+                    u32::try_from(field).ok().and_then(Table::of_batch_field)
+                {
                     rows[table.index()] += 1;
                 }
                 Ok(())

@@ -236,6 +236,7 @@ impl StreamService for CollectorService {
             kind: Some(CollectorKind::Welcome(Welcome {
                 durable_seq: *durable.borrow(),
                 collector_version: env!("CARGO_PKG_VERSION").to_string(),
+                schema_minor: rankscope_proto::SCHEMA_MINOR,
             })),
         };
         tx.send(Ok(welcome))

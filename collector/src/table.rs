@@ -473,22 +473,35 @@ impl TableBuilder {
     /// The rows as one record batch, sent by `rank` of `run_id` in batch `seq`
     /// (0: written by the collector itself).
     pub fn finish(mut self, run_id: &str, rank: u32, seq: u64) -> RecordBatch {
-        let n = self.rows;
-        let mut run = StringBuilder::with_capacity(n, n * run_id.len());
-        for _ in 0..n {
-            run.append_value(run_id);
-        }
-        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(3 + self.builders.len());
-        arrays.push(Arc::new(run.finish()));
-        arrays.push(Arc::new(UInt32Array::from(vec![rank; n])));
-        arrays.push(Arc::new(UInt64Array::from(vec![seq; n])));
-        arrays.extend(self.builders.iter_mut().map(|(_, b)| b.finish()));
-        RecordBatch::try_new(schema(self.table), arrays)
-            .expect("the builders follow the schema's columns, one value per row each")
+        let columns = self.builders.iter_mut().map(|(_, b)| b.finish()).collect();
+        with_head(self.table, self.rows, columns, run_id, rank, seq)
     }
 }
 
-fn check(c: &Column, value: &str) -> Result<(), Invalid> {
+/// `rows` rows of `table` as a record batch: its `columns` (in file order, one
+/// value per row each) after the head columns of `rank` of `run_id` in batch `seq`.
+pub fn with_head(
+    table: Table,
+    rows: usize,
+    columns: Vec<ArrayRef>,
+    run_id: &str,
+    rank: u32,
+    seq: u64,
+) -> RecordBatch {
+    let mut run = StringBuilder::with_capacity(rows, rows * run_id.len());
+    for _ in 0..rows {
+        run.append_value(run_id);
+    }
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(3 + columns.len());
+    arrays.push(Arc::new(run.finish()));
+    arrays.push(Arc::new(UInt32Array::from(vec![rank; rows])));
+    arrays.push(Arc::new(UInt64Array::from(vec![seq; rows])));
+    arrays.extend(columns);
+    RecordBatch::try_new(schema(table), arrays)
+        .expect("the columns follow the schema's, one value per row each")
+}
+
+pub(crate) fn check(c: &Column, value: &str) -> Result<(), Invalid> {
     match c.check {
         Check::None => Ok(()),
         Check::Label => validate::label(c.name, value, MAX_LABEL_BYTES),
@@ -497,7 +510,7 @@ fn check(c: &Column, value: &str) -> Result<(), Invalid> {
 }
 
 /// The label of a `RecordingMode` as sent (an `int32`: its low 32 bits).
-fn mode_label(value: u64) -> &'static str {
+pub(crate) fn mode_label(value: u64) -> &'static str {
     RecordingMode::try_from(value as i32).map_or("unknown", RecordingMode::label)
 }
 
@@ -586,6 +599,39 @@ mod tests {
         let mut order = CHECK_ORDER.to_vec();
         order.sort();
         assert_eq!(order, Table::ALL);
+    }
+
+    #[test]
+    fn layer_columns_are_the_layer_row_fields() {
+        use rankscope_proto::columns::{
+            ABSENT_FIELD, OPTIONAL_FIELDS, STRING_FIELDS, STRINGS_FIELD,
+        };
+        let fields = proto_fields("LayerColumns");
+        for c in columns(Table::Layers) {
+            // String columns travel as indexes into the dictionary.
+            let ty = if c.kind == Str {
+                "uint32"
+            } else {
+                proto_type(c.kind)
+            };
+            assert!(
+                fields.contains(&(ty.to_string(), c.name.to_string(), c.field, false)),
+                "LayerColumns.{} = {}",
+                c.name,
+                c.field
+            );
+            assert_eq!(OPTIONAL_FIELDS.contains(&c.field), c.optional, "{}", c.name);
+            assert_eq!(
+                STRING_FIELDS.contains(&c.field),
+                c.kind == Str,
+                "{}",
+                c.name
+            );
+            assert_eq!(rankscope_proto::columns::layer_field_name(c.field), c.name);
+        }
+        assert!(fields.contains(&("string".into(), "strings".into(), STRINGS_FIELD, false)));
+        assert!(fields.contains(&("uint32".into(), "absent".into(), ABSENT_FIELD, false)));
+        assert_eq!(fields.len(), columns(Table::Layers).len() + 2);
     }
 
     #[test]

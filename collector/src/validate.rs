@@ -31,6 +31,9 @@ pub enum Invalid {
     Control { field: &'static str, value: String },
     #[error("batch of {0} rows is too large (at most {MAX_ROWS_PER_BATCH}): send smaller batches")]
     TooManyRows(usize),
+    /// A `layer_columns` entry that cannot be read as rows.
+    #[error("{0}")]
+    Columns(#[from] rankscope_proto::columns::ColumnsError),
 }
 
 /// Checks a run id before it names a folder: no separators, no `..`, bounded.

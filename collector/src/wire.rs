@@ -25,11 +25,17 @@
 //!   `AgentMessage`) are malformed;
 //! - unknown fields are skipped.
 //!
+//! `layers` rows that travel as columns (`Batch.layer_columns`) are read by
+//! [`columns`], a column at a time; their rows follow the batch's `layers` rows.
+//!
 //! Nothing here panics or allocates in proportion to anything but the rows,
 //! which `grpc` counted (and bounded) on the wire before this runs.
 
+pub mod columns;
+
 use arrow::array::RecordBatch;
 use prost::Message as _;
+use rankscope_proto::columns::LAYER_COLUMNS_FIELD;
 use rankscope_proto::v1::agent_message::Kind as AgentKind;
 use rankscope_proto::v1::{AgentMessage, Batch, Hello};
 
@@ -94,12 +100,21 @@ pub struct DecodedBatch {
     pub dropped_from: u64,
     /// Boxed: a batch moves between tasks, most of its slots empty.
     tables: [Option<Box<TableBuilder>>; Table::ALL.len()],
+    /// `layers` rows read from `layer_columns` entries, in order.
+    layer_chunks: Vec<columns::Chunk>,
+    /// The first `layer_columns` entry that cannot be read as rows: the batch is
+    /// refused for it.
+    columns_invalid: Option<Invalid>,
 }
 
 impl DecodedBatch {
     /// Rows of `table` in the batch.
     pub fn rows(&self, table: Table) -> usize {
-        self.tables[table.index()].as_ref().map_or(0, |b| b.rows())
+        let chunks = match table {
+            Table::Layers => self.layer_chunks.iter().map(|c| c.rows).sum(),
+            _ => 0,
+        };
+        self.tables[table.index()].as_ref().map_or(0, |b| b.rows()) + chunks
     }
 
     /// Rows of all tables.
@@ -107,26 +122,53 @@ impl DecodedBatch {
         Table::ALL.iter().map(|&t| self.rows(t)).sum()
     }
 
-    /// The first value that breaks a limit: the first in [`table::CHECK_ORDER`]
-    /// of the tables, then in row order, then in column order, the order of
-    /// `validate::batch`.
+    /// The first value that breaks a limit: a `layer_columns` entry that cannot
+    /// be read as rows, else the first in [`table::CHECK_ORDER`] of the tables,
+    /// then in row order, then in column order, the order of `validate::batch`
+    /// (over the batch as rows).
     pub fn invalid(&self) -> Option<&Invalid> {
-        table::CHECK_ORDER
-            .iter()
-            .find_map(|t| self.tables[t.index()].as_ref()?.invalid())
+        if self.columns_invalid.is_some() {
+            return self.columns_invalid.as_ref();
+        }
+        table::CHECK_ORDER.iter().find_map(|&t| {
+            let rows = self.tables[t.index()].as_ref().and_then(|b| b.invalid());
+            match t {
+                Table::Layers => {
+                    rows.or_else(|| self.layer_chunks.iter().find_map(|c| c.invalid.as_ref()))
+                }
+                _ => rows,
+            }
+        })
     }
 
     /// The rows as record batches, sent by `rank` of `run_id`; tables without
     /// rows are left out.
     pub fn finish(self, run_id: &str, rank: u32) -> BatchRecords {
         let seq = self.seq;
-        let tables = self
-            .tables
-            .into_iter()
-            .flatten()
-            .filter(|b| b.rows() > 0)
-            .map(|b| (b.table(), b.finish(run_id, rank, seq)))
-            .collect();
+        let mut chunks = self.layer_chunks;
+        let mut tables: Vec<(Table, RecordBatch)> = Vec::new();
+        for (table, builder) in Table::ALL.into_iter().zip(self.tables) {
+            let mut parts: Vec<RecordBatch> = builder
+                .filter(|b| b.rows() > 0)
+                .map(|b| b.finish(run_id, rank, seq))
+                .into_iter()
+                .collect();
+            if table == Table::Layers {
+                parts.extend(
+                    chunks
+                        .drain(..)
+                        .filter(|c| c.rows > 0)
+                        .map(|c| table::with_head(table, c.rows, c.arrays, run_id, rank, seq)),
+                );
+            }
+            let records = match parts.len() {
+                0 => continue,
+                1 => parts.pop().expect("one part"),
+                _ => arrow::compute::concat_batches(&table::schema(table), &parts)
+                    .expect("parts of one schema concatenate"),
+            };
+            tables.push((table, records));
+        }
         BatchRecords {
             seq,
             is_final: self.is_final,
@@ -153,6 +195,15 @@ impl DecodedBatch {
                 (9, _) => {
                     expect_wire(wire, 0)?;
                     self.dropped_from = varint(&mut buf)?;
+                }
+                (LAYER_COLUMNS_FIELD, _) => {
+                    expect_wire(wire, 2)?;
+                    match columns::read(length_delimited(&mut buf)?)? {
+                        Ok(chunk) => self.layer_chunks.push(chunk),
+                        Err(e) => {
+                            self.columns_invalid.get_or_insert(Invalid::Columns(e));
+                        }
+                    }
                 }
                 (_, Some(table)) => {
                     expect_wire(wire, 2)?;

@@ -6,9 +6,11 @@
 //! - [`v1`]: the generated messages, client and server;
 //! - [`tables`]: the seven tables, a row of any of them ([`Row`]), counting a
 //!   batch's rows, and a `ranks` row from a `Hello`;
+//! - [`columns`]: `layers` rows as columns (`Batch.layer_columns`), both ways;
 //! - the constants below: version and size limits, which the agent keeps to and the
 //!   collector enforces.
 
+pub mod columns;
 pub mod tables;
 
 pub use tables::{Row, Table};
@@ -21,7 +23,11 @@ pub const SCHEMA_MAJOR: u32 = 1;
 /// The schema minor version this build writes. Minor 1: an agent declares the seq
 /// gaps it made (`Batch.dropped_from`), and the collector refuses undeclared ones.
 /// Minor 2: the `comm` table (`Batch.comm`); older agents send none of it.
-pub const SCHEMA_MINOR: u32 = 2;
+/// Minor 3: `layers` rows travel as columns (`Batch.layer_columns`) to a collector
+/// whose `Welcome.schema_minor` is 3 or later, and as rows to older ones.
+pub const SCHEMA_MINOR: u32 = 3;
+/// The first schema minor whose collectors read `Batch.layer_columns`.
+pub const LAYER_COLUMNS_MINOR: u32 = 3;
 /// The largest gRPC message either side accepts by default, in bytes.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 /// The longest run id accepted.

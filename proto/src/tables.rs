@@ -128,7 +128,14 @@ impl Batch {
             Table::Runs => self.runs.len(),
             Table::Ranks => self.ranks.len(),
             Table::Steps => self.steps.len(),
-            Table::Layers => self.layers.len(),
+            Table::Layers => {
+                self.layers.len()
+                    + self
+                        .layer_columns
+                        .iter()
+                        .map(|c| c.row_count())
+                        .sum::<usize>()
+            }
             Table::Model => self.model.len(),
             Table::Events => self.events.len(),
             Table::Comm => self.comm.len(),

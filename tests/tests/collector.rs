@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rankscope_proto::v1::LayerRow;
+use rankscope_proto::v1::{LayerColumns, LayerRow};
 use rankscope_tests::{
     CollectorProc, batch, count, count_by_rank, duckdb, hello, open, rankscope, table,
 };
@@ -133,6 +133,75 @@ async fn refusals_carry_clear_statuses() {
     drop(fine);
     assert!(collector.stop());
     assert_eq!(count(dir.path(), "steps", ""), 3);
+}
+
+/// `layers` rows as an agent of schema minor 3 sends them to this collector
+/// (columns), as older agents and their spill files send them (rows), and both
+/// in one batch: the same rows land, value for value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_as_rows_and_as_columns_land_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = CollectorProc::start(dir.path(), &["--max-file-age", "200ms"]);
+    let rows: Vec<LayerRow> = (0..40u64)
+        .map(|i| LayerRow {
+            step: i / 4,
+            time: 1_700_000_000_000_000 + i as i64,
+            layer: format!("blocks.{}.mlp", i % 4),
+            rows: 256,
+            cols: 1024,
+            centered: true,
+            stable_rank: Some(1.0 + i as f64 / 8.0),
+            participation_ratio: (i % 3 != 0).then_some(2.0 + i as f64),
+            cum_energy_90: Some(i as u32),
+            effective_rank: Some(5.5),
+            mean: Some(-0.125),
+            nonfinite: i % 2,
+            compute_ms: 0.25,
+            method: if i.is_multiple_of(5) { "sketch" } else { "exact" }.into(),
+            effective_rank_err: i.is_multiple_of(5).then_some(0.01),
+            ..Default::default()
+        })
+        .collect();
+    for rank in 0..3u32 {
+        let mut hello = hello("formats", rank);
+        hello.schema_minor = if rank == 0 { 2 } else { 3 };
+        let (mut stream, _) = open(&collector.addr, hello).await.unwrap();
+        let mut b = batch(1, 0, true);
+        b.layers = rows.clone();
+        match rank {
+            // An old agent, or a spill file of one: rows.
+            0 => {}
+            // This agent: columns.
+            1 => b.layers_as_columns(),
+            // Both in one batch: rows first, then two column entries.
+            _ => {
+                let tail = b.layers.split_off(10);
+                b.layer_columns
+                    .push(LayerColumns::from_rows(tail[..15].to_vec()));
+                b.layer_columns
+                    .push(LayerColumns::from_rows(tail[15..].to_vec()));
+            }
+        }
+        stream.send(b).await;
+        assert_eq!(stream.acked(1).await, 1, "rank {rank}");
+    }
+    assert!(collector.stop());
+    let out = dir.path();
+    assert_eq!(count_by_rank(out, "layers"), [(0, 40), (1, 40), (2, 40)]);
+    // Every rank's rows, all columns but the head ones, are rank 0's.
+    let layers = table(out, "layers");
+    for rank in [1, 2] {
+        let differ = duckdb(&format!(
+            "select count(*) from ((select * exclude (run_id, rank) from {layers} where rank = 0) \
+             except all (select * exclude (run_id, rank) from {layers} where rank = {rank}))"
+        ));
+        assert_eq!(differ.trim(), "0", "rank {rank}'s rows are rank 0's");
+    }
+    let nulls = duckdb(&format!(
+        "select count(*) filter (participation_ratio is null), count(*) filter (effective_rank_err is not null), \
+         count(distinct method), max(cum_energy_90) from {layers} where rank = 1"
+    ));
+    assert_eq!(nulls.trim(), "14,8,2,39");
 }
 
 /// Lists every file a `*/*.parquet` glob would match.

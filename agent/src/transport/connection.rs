@@ -31,7 +31,7 @@ use super::queue::RowQueue;
 use super::report::FinishReport;
 use super::spill::SpillLog;
 use crate::rows::now_us;
-use rankscope_proto::Row;
+use rankscope_proto::{LAYER_COLUMNS_MINOR, Row};
 
 /// How often the transport thread takes the rows queued by the training side.
 ///
@@ -73,6 +73,9 @@ pub struct TransportConfig {
     pub token: Option<String>,
     /// TLS to the collector; `None` is plaintext.
     pub tls: Option<ClientTls>,
+    /// Send `layers` rows as columns to a collector that reads them (schema
+    /// minor 3); `false` sends rows, as older agents do (to compare the two).
+    pub layer_columns: bool,
 }
 
 impl TransportConfig {
@@ -90,6 +93,7 @@ impl TransportConfig {
             max_backoff: Duration::from_secs(5),
             token: None,
             tls: None,
+            layer_columns: true,
         }
     }
 }
@@ -170,6 +174,8 @@ impl StreamError {
 struct Connection {
     out: mpsc::Sender<AgentMessage>,
     inbound: Streaming<CollectorMessage>,
+    /// The collector reads `layers` as columns (its Welcome's schema minor).
+    layer_columns: bool,
 }
 
 /// The transport thread's state: the batch being cut, the outbox, and the
@@ -269,7 +275,7 @@ impl Streamer {
             let out = conn
                 .as_ref()
                 .filter(|_| self.outbox.has_unsent())
-                .map(|c| c.out.clone());
+                .map(|c| (c.out.clone(), c.layer_columns));
             tokio::select! {
                 message = control.recv() => {
                     // A closed channel means the handle is gone: finish with no wait.
@@ -291,7 +297,7 @@ impl Streamer {
                     return;
                 }
                 permit = reserve(out) => match permit {
-                    Some(permit) => self.send_next(permit),
+                    Some((permit, layer_columns)) => self.send_next(permit, layer_columns),
                     None => conn = self.disconnected(StreamError::Closed("stream closed")),
                 },
                 message = next_message(&mut conn) => {
@@ -425,7 +431,12 @@ impl Streamer {
                     durable_seq = welcome.durable_seq,
                     "connected"
                 );
-                Ok(Connection { out, inbound })
+                Ok(Connection {
+                    out,
+                    inbound,
+                    layer_columns: self.config.layer_columns
+                        && welcome.schema_minor >= LAYER_COLUMNS_MINOR,
+                })
             }
             Ok(_) => Err(StreamError::Closed("collector sent no Welcome")),
             Err(status) => Err(StreamError::from(status)),
@@ -449,8 +460,14 @@ impl Streamer {
         }
     }
 
-    fn send_next(&mut self, permit: mpsc::OwnedPermit<AgentMessage>) {
-        if let Some(batch) = self.outbox.next_unsent() {
+    /// Sends the next unsent batch, its `layers` rows as columns to a collector
+    /// that reads them (the outbox and the spill keep rows, which every collector
+    /// reads).
+    fn send_next(&mut self, permit: mpsc::OwnedPermit<AgentMessage>, layer_columns: bool) {
+        if let Some(mut batch) = self.outbox.next_unsent() {
+            if layer_columns {
+                batch.layers_as_columns();
+            }
             permit.send(AgentMessage {
                 kind: Some(AgentKind::Batch(batch)),
             });
@@ -500,10 +517,10 @@ impl Streamer {
             let out = conn
                 .as_ref()
                 .filter(|_| self.outbox.has_unsent())
-                .map(|c| c.out.clone());
+                .map(|c| (c.out.clone(), c.layer_columns));
             tokio::select! {
                 permit = reserve(out) => match permit {
-                    Some(permit) => self.send_next(permit),
+                    Some((permit, layer_columns)) => self.send_next(permit, layer_columns),
                     None => *conn = self.disconnected(StreamError::Closed("stream closed")),
                 },
                 message = next_message(conn) => {
@@ -544,11 +561,13 @@ impl Streamer {
 
 /// Waits for room on the connection's outbound queue (None: the stream is gone);
 /// pending forever when there is nothing to send.
+/// Room for one message on the connection, with what the connection reads
+/// (whether `layers` go as columns).
 async fn reserve(
-    out: Option<mpsc::Sender<AgentMessage>>,
-) -> Option<mpsc::OwnedPermit<AgentMessage>> {
+    out: Option<(mpsc::Sender<AgentMessage>, bool)>,
+) -> Option<(mpsc::OwnedPermit<AgentMessage>, bool)> {
     match out {
-        Some(out) => out.reserve_owned().await.ok(),
+        Some((out, layer_columns)) => out.reserve_owned().await.ok().map(|p| (p, layer_columns)),
         None => std::future::pending().await,
     }
 }

@@ -46,6 +46,10 @@ pub struct Args {
     /// How long each rank waits at the end for its rows to become durable.
     #[arg(long, default_value = "60s", value_parser = crate::duration_arg::parse)]
     pub finish_timeout: Duration,
+    /// Send `layers` as rows, as agents before schema minor 3 do, instead of as
+    /// columns (to compare the two formats).
+    #[arg(long)]
+    pub layers_as_rows: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -126,6 +130,7 @@ fn simulate_rank(
     let mut config = TransportConfig::new(collector);
     config.token = args.token.clone();
     config.tls = tls;
+    config.layer_columns = !args.layers_as_rows;
     let transport = Transport::start(config, hello.clone())?;
     // A simulated rank produces rows far faster than a real one: it waits for room
     // in the queue instead of dropping, so the row counts stay exact.

@@ -9,7 +9,9 @@
 //! - Parquet bytes per `layers` row (every `layers` file, footers included).
 //!
 //! The runs: `--ranks` concurrent streams of `--layers` layers each, then
-//! `--rss-ranks` streams for the memory bound, then a real training run
+//! `--rss-ranks` streams for the memory bound, each twice, side by side: `layers`
+//! as columns (this agent's format) and as rows (older agents' and their spill
+//! files', `loadgen --layers-as-rows`); then a real training run
 //! (`rankscope train`, a transformer on the CPU, sampling every step) for the
 //! bytes of real `layers` rows, whose values are far less regular than
 //! loadgen's. It prints a Markdown report.
@@ -28,7 +30,8 @@ use anyhow::{Context, bail};
   rankscope bench collector --ranks 256 --steps 400 --layers 48 --rss-ranks 1024
   rankscope bench collector --rss-ranks 0 --real-steps 0   # the throughput run only
   rankscope bench collector --collector-bin target/release/rankscope-collector
-  rankscope bench collector --live-steps 0   # the collector without its live view, to compare")]
+  rankscope bench collector --live-steps 0   # the collector without its live view, to compare
+  rankscope bench collector --columns-only   # skip the row format's side-by-side runs")]
 pub struct Args {
     /// Concurrent streams (simulated ranks) of the throughput run.
     #[arg(long, default_value_t = 256)]
@@ -60,6 +63,10 @@ pub struct Args {
     /// serves `--http` on loopback, so the view is fed as in production.
     #[arg(long, default_value_t = rankscope_collector::live::DEFAULT_STEPS)]
     pub live_steps: usize,
+    /// Run the loadgen loads with `layers` as columns only, without the
+    /// side-by-side run of the row format.
+    #[arg(long)]
+    pub columns_only: bool,
 }
 
 /// What one run measured.
@@ -108,21 +115,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.rss_ranks > 0 {
         loads.push(("memory", args.rss_ranks, args.rss_steps));
     }
+    let formats: &[bool] = if args.columns_only {
+        &[false]
+    } else {
+        &[false, true]
+    };
     for (name, ranks, steps) in loads {
-        eprintln!(
-            "{name}: {ranks} streams x {steps} steps x {} layers",
-            args.layers
-        );
-        let (rows, layers) = sims(ranks, steps);
-        results.push(measure(
-            &collector_bin,
-            &tmp.path().join(name),
-            format!("loadgen, {ranks} streams"),
-            &args,
-            loadgen(ranks, steps),
-            rows,
-            layers,
-        )?);
+        for &as_rows in formats {
+            let format = if as_rows { "rows" } else { "columns" };
+            eprintln!(
+                "{name}: {ranks} streams x {steps} steps x {} layers, layers as {format}",
+                args.layers
+            );
+            let (rows, layers) = sims(ranks, steps);
+            let mut load = loadgen(ranks, steps);
+            if as_rows {
+                load.arg("--layers-as-rows");
+            }
+            results.push(measure(
+                &collector_bin,
+                &tmp.path().join(format!("{name}-{format}")),
+                format!("loadgen, {ranks} streams, layers as {format}"),
+                &args,
+                load,
+                rows,
+                layers,
+            )?);
+        }
     }
     if args.real_steps > 0 {
         eprintln!("real rows: 1 training rank x {} steps", args.real_steps);
@@ -342,8 +361,21 @@ fn print_report(args: &Args, results: &[Measured]) {
             per_row
         );
     }
+    // Each load's columns run against its rows run, measured in this run.
+    for pair in results.windows(2) {
+        let (columns, rows) = (&pair[0], &pair[1]);
+        if let Some(load) = columns.label.strip_suffix(", layers as columns")
+            && rows.label == format!("{load}, layers as rows")
+        {
+            let speed = |m: &Measured| m.rows as f64 / m.collector_cpu_s.max(1e-9);
+            println!(
+                "\n{load}: columns {:.2}x the rows per collector CPU second of rows",
+                speed(columns) / speed(rows)
+            );
+        }
+    }
     println!(
-        "\nTargets: >= 2,000,000 rows per collector CPU second; peak RSS <= 512 MiB at 1,024 \
-         streams; <= 12 bytes per loadgen `layers` row."
+        "\nTargets: >= 2,000,000 rows per collector CPU second at 256 and at 1,024 streams; \
+         peak RSS <= 512 MiB at 1,024 streams; <= 12 bytes per loadgen `layers` row."
     );
 }

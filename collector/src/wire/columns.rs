@@ -1,0 +1,292 @@
+//! The reader of one `LayerColumns` entry (`Batch.layer_columns`): `layers` rows
+//! that travel as columns, read a column at a time into Arrow arrays.
+//!
+//! A column's values (packed, or one field occurrence each, as prost accepts
+//! them) are collected as their 64 bits and then converted to the column's Arrow
+//! type in one pass; strings are indexes into the entry's dictionary, each
+//! distinct string checked once. What the columns mean, and which entries are
+//! refused, is `rankscope_proto::columns`' (`LayerColumns::into_rows`): this
+//! reader finds the same rows and the same first broken rule, which the tests
+//! and the `fuzzing` module check.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BooleanArray, Float32Array, Float64Array, Int64Array, StringBuilder,
+    TimestampMicrosecondArray, UInt32Array, UInt64Array, new_null_array,
+};
+use arrow::buffer::{NullBuffer, ScalarBuffer};
+use rankscope_proto::columns::{ABSENT_FIELD, ColumnsError, STRING_FIELDS, STRINGS_FIELD, rows_of};
+
+use super::{Malformed, ROW_DEPTH, expect_wire, fixed64, key, length_delimited, skip, varint};
+use crate::table::{self, Kind, Table};
+use crate::validate::Invalid;
+
+/// One past the highest column field number.
+const FIELDS: usize = 26;
+
+/// A read `LayerColumns` entry: its columns in file order (head columns aside),
+/// or why it was refused.
+#[derive(Debug)]
+pub struct Chunk {
+    pub rows: usize,
+    pub arrays: Vec<ArrayRef>,
+    /// The first string that breaks a limit, in row order, then column order.
+    pub invalid: Option<Invalid>,
+}
+
+/// The wire type of a column's unpacked values (1 for doubles, 0 for the rest),
+/// by field number; `None` for numbers that are no column.
+fn value_wire(field: u32) -> Option<u8> {
+    match field {
+        ABSENT_FIELD => Some(0),
+        f if (f as usize) < FIELDS => table::columns(Table::Layers)
+            .iter()
+            .find(|c| c.field == f)
+            .map(|c| match c.kind {
+                Kind::F32 | Kind::F64 => 1,
+                _ => 0,
+            }),
+        _ => None,
+    }
+}
+
+/// The value wire type of every field number below [`FIELDS`] and of `absent`.
+fn value_wires() -> [Option<u8>; FIELDS] {
+    std::array::from_fn(|f| value_wire(f as u32))
+}
+
+/// Values counted on the wire per column of one entry, for the memory bound:
+/// its longest column, or its dictionary if that is longer. `Err` where the
+/// structure cannot be followed.
+pub fn rows_on_wire(mut buf: &[u8]) -> Result<usize, Malformed> {
+    let wires = value_wires();
+    let mut counts = [0usize; FIELDS + 1];
+    let mut strings = 0;
+    while !buf.is_empty() {
+        let (field, wire) = key(&mut buf)?;
+        let slot = slot(field);
+        let expected = slot.and_then(|s| if s == FIELDS { Some(0) } else { wires[s] });
+        match (slot, expected, wire) {
+            (Some(s), Some(_), 2) => {
+                let packed = length_delimited(&mut buf)?;
+                counts[s] += if expected == Some(1) {
+                    packed.len().div_ceil(8)
+                } else {
+                    packed.iter().filter(|&&b| b < 0x80).count() + 1
+                };
+            }
+            (Some(s), Some(w), _) if w == wire => {
+                skip(&mut buf, field, wire, ROW_DEPTH)?;
+                counts[s] += 1;
+            }
+            _ if field == STRINGS_FIELD => {
+                skip(&mut buf, field, wire, ROW_DEPTH)?;
+                strings += 1;
+            }
+            _ => skip(&mut buf, field, wire, ROW_DEPTH)?,
+        }
+    }
+    Ok(counts.into_iter().max().unwrap_or(0).max(strings))
+}
+
+/// The slot of a column field number: its number, and [`FIELDS`] for `absent`.
+fn slot(field: u32) -> Option<usize> {
+    match field {
+        ABSENT_FIELD => Some(FIELDS),
+        f if (f as usize) < FIELDS => Some(f as usize),
+        _ => None,
+    }
+}
+
+/// Reads one entry. `Ok(Err(_))`: a well-formed message whose columns cannot
+/// be read as rows, refused whole.
+pub fn read(mut buf: &[u8]) -> Result<Result<Chunk, ColumnsError>, Malformed> {
+    let wires = value_wires();
+    let mut values: Vec<Vec<u64>> = vec![Vec::new(); FIELDS + 1];
+    let mut strings: Vec<&str> = Vec::new();
+    while !buf.is_empty() {
+        let (field, wire) = key(&mut buf)?;
+        let expected = slot(field).and_then(|s| if s == FIELDS { Some(0) } else { wires[s] });
+        match (slot(field), expected) {
+            (Some(s), Some(value_wire)) => {
+                let column = &mut values[s];
+                if wire == 2 {
+                    let mut packed = length_delimited(&mut buf)?;
+                    if value_wire == 1 {
+                        if packed.len() % 8 != 0 {
+                            return Err(Malformed("buffer underflow".into()));
+                        }
+                        column.extend(
+                            packed.chunks_exact(8).map(|b| {
+                                u64::from_le_bytes(b.try_into().expect("chunks of 8 bytes"))
+                            }),
+                        );
+                    } else {
+                        while !packed.is_empty() {
+                            column.push(varint(&mut packed)?);
+                        }
+                    }
+                } else {
+                    expect_wire(wire, value_wire)?;
+                    column.push(if wire == 1 {
+                        fixed64(&mut buf)?
+                    } else {
+                        varint(&mut buf)?
+                    });
+                }
+            }
+            _ if field == STRINGS_FIELD => {
+                expect_wire(wire, 2)?;
+                let bytes = length_delimited(&mut buf)?;
+                strings.push(std::str::from_utf8(bytes).map_err(|_| {
+                    Malformed("invalid string value: data is not UTF-8 encoded".into())
+                })?);
+            }
+            _ => skip(&mut buf, field, wire, ROW_DEPTH)?,
+        }
+    }
+    Ok(build(values, &strings))
+}
+
+/// The columns as Arrow arrays, after the checks of `LayerColumns::into_rows`.
+fn build(mut values: Vec<Vec<u64>>, strings: &[&str]) -> Result<Chunk, ColumnsError> {
+    let lengths: Vec<(u32, usize)> = (1..FIELDS)
+        .filter(|&f| value_wire(f as u32).is_some())
+        .map(|f| (f as u32, values[f].len()))
+        .chain([(ABSENT_FIELD, values[FIELDS].len())])
+        .collect();
+    let n = rows_of(&lengths)?;
+    // Indexes into the dictionary: the first bad one in row order, then column order.
+    let bad_index = STRING_FIELDS
+        .iter()
+        .filter_map(|&f| {
+            let row = values[f as usize]
+                .iter()
+                .position(|&i| i as u32 as usize >= strings.len())?;
+            Some((row, f))
+        })
+        .min();
+    if let Some((row, field)) = bad_index {
+        return Err(ColumnsError::Index {
+            field,
+            row,
+            index: values[field as usize][row] as u32,
+            strings: strings.len(),
+        });
+    }
+    let invalid = first_invalid(&values, strings, n);
+    let absent = std::mem::take(&mut values[FIELDS]);
+    let any_absent = absent
+        .iter()
+        .fold(0u64, |acc, &a| acc | u64::from(a as u32));
+    let schema = table::schema(Table::Layers);
+    let columns = table::columns(Table::Layers);
+    let mut arrays = Vec::with_capacity(columns.len());
+    for (i, c) in columns.iter().enumerate() {
+        let column = std::mem::take(&mut values[c.field as usize]);
+        let bit = 1u64 << c.field;
+        let array: ArrayRef = if column.is_empty() && c.optional {
+            // After the three head columns.
+            new_null_array(schema.field(3 + i).data_type(), n)
+        } else if column.is_empty() {
+            defaults(c.kind, n)
+        } else if c.kind == Kind::Str {
+            let mut b = StringBuilder::with_capacity(n, n * 16);
+            for i in column {
+                b.append_value(strings[i as u32 as usize]);
+            }
+            Arc::new(b.finish())
+        } else {
+            let nulls = (c.optional && any_absent & bit != 0)
+                .then(|| NullBuffer::from_iter(absent.iter().map(|a| a & bit == 0)));
+            numbers(c.kind, column, nulls)
+        };
+        arrays.push(array);
+    }
+    Ok(Chunk {
+        rows: n,
+        arrays,
+        invalid,
+    })
+}
+
+/// The first string of the rows that breaks its column's limit, in row order,
+/// then column order; each distinct string is checked once.
+fn first_invalid(values: &[Vec<u64>], strings: &[&str], n: usize) -> Option<Invalid> {
+    let columns: Vec<_> = table::columns(Table::Layers)
+        .iter()
+        .filter(|c| c.kind == Kind::Str && !values[c.field as usize].is_empty())
+        .collect();
+    let first = columns.first()?;
+    let bad: Vec<bool> = strings
+        .iter()
+        .map(|s| table::check(first, s).is_err())
+        .collect();
+    if !bad.contains(&true) {
+        return None;
+    }
+    (0..n).find_map(|row| {
+        columns.iter().find_map(|c| {
+            let s = strings[values[c.field as usize][row] as u32 as usize];
+            table::check(c, s).err()
+        })
+    })
+}
+
+/// `n` rows of a non-optional column's default: 0, "" or false.
+fn defaults(kind: Kind, n: usize) -> ArrayRef {
+    match kind {
+        Kind::Str => Arc::new(arrow::array::StringArray::from_iter_values(
+            std::iter::repeat_n("", n),
+        )),
+        Kind::Bool => Arc::new(BooleanArray::from(vec![false; n])),
+        kind => numbers(kind, vec![0; n], None),
+    }
+}
+
+/// A numeric column from its values' 64 bits, converted as prost converts them
+/// (`uint32` keeps the low 32 bits, `bool` is non-zero, doubles stored as
+/// float32 round to nearest).
+fn numbers(kind: Kind, bits: Vec<u64>, nulls: Option<NullBuffer>) -> ArrayRef {
+    match kind {
+        Kind::U64 => Arc::new(UInt64Array::new(ScalarBuffer::from(bits), nulls)),
+        Kind::U32 => {
+            let v: Vec<u32> = bits.into_iter().map(|b| b as u32).collect();
+            Arc::new(UInt32Array::new(ScalarBuffer::from(v), nulls))
+        }
+        Kind::I64 => {
+            let v: Vec<i64> = bits.into_iter().map(|b| b as i64).collect();
+            Arc::new(Int64Array::new(ScalarBuffer::from(v), nulls))
+        }
+        Kind::Time => {
+            let v: Vec<i64> = bits.into_iter().map(|b| b as i64).collect();
+            Arc::new(
+                TimestampMicrosecondArray::new(ScalarBuffer::from(v), nulls).with_timezone("UTC"),
+            )
+        }
+        Kind::F64 => {
+            let v: Vec<f64> = bits.into_iter().map(f64::from_bits).collect();
+            Arc::new(Float64Array::new(ScalarBuffer::from(v), nulls))
+        }
+        Kind::F32 => {
+            let v: Vec<f32> = bits.into_iter().map(|b| f64::from_bits(b) as f32).collect();
+            Arc::new(Float32Array::new(ScalarBuffer::from(v), nulls))
+        }
+        Kind::Bool => {
+            let array = BooleanArray::from_iter(bits.iter().map(|&b| Some(b != 0)));
+            match nulls {
+                Some(nulls) => Arc::new(BooleanArray::new(array.values().clone(), Some(nulls))),
+                None => Arc::new(array),
+            }
+        }
+        Kind::Mode => {
+            let labels = bits.iter().map(|&b| table::mode_label(b));
+            Arc::new(arrow::array::StringArray::from_iter_values(labels))
+        }
+        // String columns are read from the dictionary; none comes here.
+        Kind::Str => Arc::new(arrow::array::StringArray::from_iter_values(
+            std::iter::repeat_n("", bits.len()),
+        )),
+    }
+}
