@@ -19,6 +19,30 @@ use crate::v1::{Batch, LayerColumns, LayerRow};
 
 /// The `LayerRow` field numbers of the optional fields (one bit each in `absent`).
 pub const OPTIONAL_FIELDS: [u32; 15] = [7, 8, 9, 10, 11, 12, 13, 14, 15, 20, 21, 22, 23, 24, 25];
+/// Calls macro `$m` with every optional field as `name = number`: the one list
+/// the conversions both ways are written from.
+macro_rules! optional_fields {
+    ($m:ident) => {
+        $m!(
+            stable_rank = 7,
+            participation_ratio = 8,
+            participation_ratio_sv = 9,
+            cum_energy_90 = 10,
+            nuclear_norm_ratio = 11,
+            effective_rank = 12,
+            mean = 13,
+            std = 14,
+            zero_fraction = 15,
+            stable_rank_err = 20,
+            participation_ratio_err = 21,
+            participation_ratio_sv_err = 22,
+            cum_energy_90_err = 23,
+            nuclear_norm_ratio_err = 24,
+            effective_rank_err = 25
+        )
+    };
+}
+
 /// The `LayerRow` field numbers of the string fields, in column order.
 pub const STRING_FIELDS: [u32; 3] = [3, 18, 19];
 /// The `Batch` field that carries `layers` rows as columns.
@@ -171,8 +195,8 @@ impl LayerColumns {
         reserve!(method, absent);
         for r in rows {
             let mut absent = 0u32;
-            macro_rules! opt {
-                ($f:ident, $field:literal) => {
+            macro_rules! push_optional {
+                ($($f:ident = $field:literal),*) => {$(
                     match r.$f {
                         Some(v) => c.$f.push(v),
                         None => {
@@ -180,33 +204,19 @@ impl LayerColumns {
                             absent |= 1 << $field;
                         }
                     }
-                };
+                )*};
             }
+            optional_fields!(push_optional);
             c.step.push(r.step);
             c.time.push(r.time);
             c.layer.push(intern(&mut c.strings, r.layer));
             c.rows.push(r.rows);
             c.cols.push(r.cols);
             c.centered.push(r.centered);
-            opt!(stable_rank, 7);
-            opt!(participation_ratio, 8);
-            opt!(participation_ratio_sv, 9);
-            opt!(cum_energy_90, 10);
-            opt!(nuclear_norm_ratio, 11);
-            opt!(effective_rank, 12);
-            opt!(mean, 13);
-            opt!(std, 14);
-            opt!(zero_fraction, 15);
             c.nonfinite.push(r.nonfinite);
             c.compute_ms.push(r.compute_ms);
             c.conv_layout.push(intern(&mut c.strings, r.conv_layout));
             c.method.push(intern(&mut c.strings, r.method));
-            opt!(stable_rank_err, 20);
-            opt!(participation_ratio_err, 21);
-            opt!(participation_ratio_sv_err, 22);
-            opt!(cum_energy_90_err, 23);
-            opt!(nuclear_norm_ratio_err, 24);
-            opt!(effective_rank_err, 25);
             c.absent.push(absent);
         }
         // Empty where nothing is said: a default column, or an optional one that
@@ -225,23 +235,7 @@ impl LayerColumns {
                 }
             )*};
         }
-        clear_if_null!(
-            stable_rank = 7,
-            participation_ratio = 8,
-            participation_ratio_sv = 9,
-            cum_energy_90 = 10,
-            nuclear_norm_ratio = 11,
-            effective_rank = 12,
-            mean = 13,
-            std = 14,
-            zero_fraction = 15,
-            stable_rank_err = 20,
-            participation_ratio_err = 21,
-            participation_ratio_sv_err = 22,
-            cum_energy_90_err = 23,
-            nuclear_norm_ratio_err = 24,
-            effective_rank_err = 25
-        );
+        optional_fields!(clear_if_null);
         for a in &mut c.absent {
             *a &= !cleared;
         }
@@ -310,32 +304,27 @@ impl LayerColumns {
             }
         }
         Ok((0..n)
-            .map(|i| LayerRow {
-                step: value(&c.step, i),
-                time: value(&c.time, i),
-                layer: string(&c.layer, i),
-                rows: value(&c.rows, i),
-                cols: value(&c.cols, i),
-                centered: c.centered.get(i).copied().unwrap_or(false),
-                stable_rank: opt(&c.stable_rank, i, absent(i, 7)),
-                participation_ratio: opt(&c.participation_ratio, i, absent(i, 8)),
-                participation_ratio_sv: opt(&c.participation_ratio_sv, i, absent(i, 9)),
-                cum_energy_90: opt(&c.cum_energy_90, i, absent(i, 10)),
-                nuclear_norm_ratio: opt(&c.nuclear_norm_ratio, i, absent(i, 11)),
-                effective_rank: opt(&c.effective_rank, i, absent(i, 12)),
-                mean: opt(&c.mean, i, absent(i, 13)),
-                std: opt(&c.std, i, absent(i, 14)),
-                zero_fraction: opt(&c.zero_fraction, i, absent(i, 15)),
-                nonfinite: value(&c.nonfinite, i),
-                compute_ms: c.compute_ms.get(i).copied().unwrap_or(0.0),
-                conv_layout: string(&c.conv_layout, i),
-                method: string(&c.method, i),
-                stable_rank_err: opt(&c.stable_rank_err, i, absent(i, 20)),
-                participation_ratio_err: opt(&c.participation_ratio_err, i, absent(i, 21)),
-                participation_ratio_sv_err: opt(&c.participation_ratio_sv_err, i, absent(i, 22)),
-                cum_energy_90_err: opt(&c.cum_energy_90_err, i, absent(i, 23)),
-                nuclear_norm_ratio_err: opt(&c.nuclear_norm_ratio_err, i, absent(i, 24)),
-                effective_rank_err: opt(&c.effective_rank_err, i, absent(i, 25)),
+            .map(|i| {
+                let mut row = LayerRow {
+                    step: value(&c.step, i),
+                    time: value(&c.time, i),
+                    layer: string(&c.layer, i),
+                    rows: value(&c.rows, i),
+                    cols: value(&c.cols, i),
+                    centered: c.centered.get(i).copied().unwrap_or(false),
+                    nonfinite: value(&c.nonfinite, i),
+                    compute_ms: c.compute_ms.get(i).copied().unwrap_or(0.0),
+                    conv_layout: string(&c.conv_layout, i),
+                    method: string(&c.method, i),
+                    ..LayerRow::default()
+                };
+                macro_rules! read_optional {
+                    ($($f:ident = $field:literal),*) => {$(
+                        row.$f = opt(&c.$f, i, absent(i, $field));
+                    )*};
+                }
+                optional_fields!(read_optional);
+                row
             })
             .collect())
     }
@@ -379,7 +368,12 @@ mod tests {
             mean: Some(-0.25),
             nonfinite: i % 4,
             compute_ms: 0.125,
-            method: if i.is_multiple_of(5) { "sketch" } else { "exact" }.into(),
+            method: if i.is_multiple_of(5) {
+                "sketch"
+            } else {
+                "exact"
+            }
+            .into(),
             effective_rank_err: i.is_multiple_of(5).then_some(0.01),
             ..LayerRow::default()
         }
@@ -427,6 +421,20 @@ mod tests {
         let mut back: Batch = prost::Message::decode(&bytes[..]).unwrap();
         back.layers_as_rows().unwrap();
         assert_eq!(back, before);
+    }
+
+    #[test]
+    fn the_optional_fields_are_listed_once() {
+        let mut listed = Vec::new();
+        macro_rules! numbers {
+            ($($f:ident = $field:literal),*) => { $(listed.push(($field, layer_field_name($field), stringify!($f)));)* };
+        }
+        optional_fields!(numbers);
+        assert_eq!(
+            listed.iter().map(|l| l.0).collect::<Vec<u32>>(),
+            OPTIONAL_FIELDS
+        );
+        assert!(listed.iter().all(|l| l.1 == l.2), "{listed:?}");
     }
 
     #[test]

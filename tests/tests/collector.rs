@@ -157,7 +157,12 @@ async fn layers_as_rows_and_as_columns_land_alike() {
             mean: Some(-0.125),
             nonfinite: i % 2,
             compute_ms: 0.25,
-            method: if i.is_multiple_of(5) { "sketch" } else { "exact" }.into(),
+            method: if i.is_multiple_of(5) {
+                "sketch"
+            } else {
+                "exact"
+            }
+            .into(),
             effective_rank_err: i.is_multiple_of(5).then_some(0.01),
             ..Default::default()
         })
