@@ -117,12 +117,15 @@ pub fn read(mut buf: &[u8]) -> Result<Result<Chunk, ColumnsError>, Malformed> {
                         if packed.len() % 8 != 0 {
                             return Err(Malformed("buffer underflow".into()));
                         }
+                        column.reserve_exact(packed.len() / 8);
                         column.extend(
                             packed.chunks_exact(8).map(|b| {
                                 u64::from_le_bytes(b.try_into().expect("chunks of 8 bytes"))
                             }),
                         );
                     } else {
+                        // One value per byte below 0x80 (each varint's last).
+                        column.reserve_exact(packed.iter().filter(|&&b| b < 0x80).count());
                         while !packed.is_empty() {
                             column.push(varint(&mut packed)?);
                         }
