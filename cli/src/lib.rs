@@ -77,6 +77,11 @@ enum Command {
     Bench(bench::Args),
 }
 
+/// The log filter without `RANKSCOPE_LOG`: ours at info; the Delta Lake libraries
+/// log a line per request and per snapshot at info, and one per commit race (routine
+/// with several collectors) at warn.
+pub const DEFAULT_LOG: &str = "info,buoyant_kernel=warn,deltalake_core=error,object_store=warn";
+
 /// Parses `args` (the program name first) and runs the command. Help, version and
 /// usage errors print and exit the process, as clap does.
 pub fn run_from<I, T>(args: I) -> anyhow::Result<()>
@@ -88,7 +93,7 @@ where
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RANKSCOPE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG)),
         )
         .with_writer(std::io::stderr)
         // Colour codes only on a terminal, never in a log file or a journal.

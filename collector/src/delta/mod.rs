@@ -254,10 +254,12 @@ async fn open_or_create(
     schema: SchemaRef,
     partitioned: bool,
 ) -> Result<DeltaTable, DeltaTableError> {
-    match DeltaTableBuilder::from_url(url.clone())?.load().await {
-        Ok(table) => return Ok(table),
-        Err(DeltaTableError::NotATable(_)) => {}
-        Err(e) => return Err(e),
+    // One listing of `_delta_log/`: it also finds a missing bucket or refused
+    // credentials before anything is written.
+    let mut table = DeltaTableBuilder::from_url(url.clone())?.build()?;
+    if table.log_store().is_delta_table_location().await? {
+        table.load().await?;
+        return Ok(table);
     }
     let kernel: deltalake::kernel::StructType = schema.as_ref().try_into_kernel()?;
     let columns: Vec<StructField> = kernel.fields().cloned().collect();
