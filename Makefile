@@ -13,13 +13,15 @@ NUMPY_VERSION := 2.3.5
 # A local S3 server for the Delta tests (tests/tests/delta.rs); its put-if-absent
 # holds under racing writers.
 MOTO_VERSION := 5.2.5
+# The Python delta-rs reader: the Delta tests check that it reads our tables.
+DELTALAKE_PY_VERSION := 1.6.6
 # DuckDB's delta and httpfs extensions load only into their exact DuckDB
 # version, and PyPI has them for 1.5.5, not for DUCKDB_VERSION: the Delta tests
 # read with this DuckDB, installed beside the main one (docs/past-one-machine.md).
 DUCKDB_DELTA_VERSION := 1.5.5
 DELTA_READERS := $(VENV)/delta-readers
 PYTHON ?= python3
-STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)-$(NUMPY_VERSION)-$(MOTO_VERSION)
+STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)-$(NUMPY_VERSION)-$(MOTO_VERSION)-$(DELTALAKE_PY_VERSION)
 # The wheel's `rankscope` command (a native binary, no libtorch) goes here before
 # maturin packs it (python/pyproject.toml: tool.maturin.data).
 WHEEL_DATA := python/wheel-data
@@ -46,7 +48,8 @@ $(STAMP):
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
 	  torch==$(TORCH_VERSION) duckdb-cli==$(DUCKDB_VERSION) maturin==$(MATURIN_VERSION) pytest==$(PYTEST_VERSION) \
-	  numpy==$(NUMPY_VERSION) "moto[server]==$(MOTO_VERSION)"
+	  numpy==$(NUMPY_VERSION) "moto[server]==$(MOTO_VERSION)" \
+	  deltalake==$(DELTALAKE_PY_VERSION)
 	@# A fixed path to libtorch, whatever the python version (see .cargo/config.toml).
 	ln -sfn "$$($(VENV)/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')" $(VENV)/libtorch
 	@touch $@

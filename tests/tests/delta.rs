@@ -2,7 +2,9 @@
 //! (moto, started on a free loopback port) and on a local disk, with real
 //! `rankscope loadgen` ranks, and the real DuckDB reads every table through its
 //! delta extension (`delta_scan`): the counts equal what the ranks sent, with
-//! collectors SIGKILLed at random points and restarted. A bucket that does not
+//! collectors SIGKILLed at random points and restarted, and with the S3 server
+//! answering nothing for 10 s; the Python `deltalake` package reads the same
+//! rows. A bucket that does not
 //! exist or an endpoint that does not answer stops the collector at start with
 //! an error that names what to fix.
 //!
@@ -283,6 +285,50 @@ fn collectors_commit_to_a_local_delta_table_exactly_once_after_kills() {
     // Each table is a Delta table partitioned by run_id.
     assert!(dir.path().join("steps/_delta_log").is_dir());
     assert!(dir.path().join("steps/run_id=delta-run").is_dir());
+    // The Python `deltalake` package (delta-rs's reader, which checks the
+    // protocol's reader and writer versions and features) reads the same rows.
+    let script = format!(
+        "from deltalake import DeltaTable, QueryBuilder\n\
+         t = DeltaTable('{}/layers')\n\
+         p = t.protocol()\n\
+         assert p.min_reader_version == 1 and not p.reader_features, p\n\
+         r = QueryBuilder().register('layers', t).execute(\n\
+             'select rank, count(*) as n from layers group by rank order by rank').read_all()\n\
+         print(r.column('n').to_pylist())",
+        dir.path().display()
+    );
+    let output = Command::new(workspace().join(".venv/bin/python"))
+        .args(["-c", &script])
+        .output()
+        .expect("run python");
+    assert!(
+        output.status.success(),
+        "the Python deltalake package (make test installs it) could not read the table: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let per_rank = vec![(STEPS * LAYERS).to_string(); 8].join(", ");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        format!("[{per_rank}]")
+    );
+}
+
+#[test]
+fn an_s3_server_that_stops_answering_for_10_s_loses_nothing() {
+    let s3 = S3Server::start("paused");
+    let root = "s3://paused/runs";
+    let listen = format!("127.0.0.1:{}", free_port());
+    let collector = CollectorProc::start_with_env(&listen, Path::new(root), &ARGS, &s3.env());
+    let mut ranks = loadgen(std::slice::from_ref(&listen), 4, "20ms");
+    std::thread::sleep(Duration::from_millis(random_ms(500, 1500)));
+    // SIGSTOP: the server keeps its connections and its data but answers nothing.
+    rankscope_tests::signal(s3.child.id(), "STOP");
+    std::thread::sleep(Duration::from_secs(10));
+    rankscope_tests::signal(s3.child.id(), "CONT");
+    let status = ranks.wait().expect("wait for loadgen");
+    assert!(status.success(), "every row was acknowledged: {status}");
+    assert!(collector.stop(), "the collector stopped cleanly");
+    assert_exact(root, 4, Some(&s3));
 }
 
 /// Runs a collector that must fail at start; returns what it said.

@@ -133,7 +133,7 @@ impl DeltaStore {
     ) -> Result<Vec<Add>, DeltaError> {
         let err = |source| DeltaError::Table {
             table: target.name.clone(),
-            source,
+            source: Box::new(source),
         };
         let props = writer::writer_properties(&delta_schema(table), self.row_group_rows);
         let mut files = RecordBatchWriter::for_table(&target.table)
@@ -206,7 +206,7 @@ pub(super) async fn commit_table(
     let name = target.name.clone();
     let err = |source| DeltaError::Table {
         table: name.clone(),
-        source,
+        source: Box::new(source),
     };
     loop {
         let snapshot = target.table.snapshot().map_err(err)?;
@@ -222,10 +222,7 @@ pub(super) async fn commit_table(
             .with_actions(adds.iter().cloned().map(Action::Add).collect())
             .build(Some(snapshot), target.table.log_store(), operation)
             .await;
-        let error = match result {
-            Ok(_) => None,
-            Err(error) => Some(error),
-        };
+        let error = result.err();
         refresh(target).await?;
         if let Some(error) = error {
             // Did it land anyway (an answer lost after the log entry was written)?

@@ -102,7 +102,8 @@ pub enum DeltaError {
     #[error("delta table {table}: {source}")]
     Table {
         table: String,
-        source: DeltaTableError,
+        /// Boxed: delta-rs's error is large, and this one travels in every result.
+        source: Box<DeltaTableError>,
     },
     #[error("cannot convert {table} rows for Delta: {source}")]
     Convert {
@@ -289,7 +290,7 @@ pub(crate) async fn refresh(target: &mut Target) -> Result<(), DeltaError> {
         .await
         .map_err(|source| DeltaError::Table {
             table: target.name.clone(),
-            source,
+            source: Box::new(source),
         })
 }
 
@@ -300,7 +301,7 @@ pub(crate) async fn lookup(target: &mut Target, key: &RankKey) -> Result<u64, De
     }
     let err = |source| DeltaError::Table {
         table: target.name.clone(),
-        source,
+        source: Box::new(source),
     };
     let state = target.table.snapshot().map_err(err)?;
     let version = state
