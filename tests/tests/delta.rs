@@ -4,7 +4,7 @@
 //! delta extension (`delta_scan`): the counts equal what the ranks sent, with
 //! collectors SIGKILLed at random points and restarted, and with the S3 server
 //! answering nothing for 10 s; the Python `deltalake` package reads the same
-//! rows. A bucket that does not
+//! rows. Refused credentials, a bucket that does not
 //! exist or an endpoint that does not answer stops the collector at start with
 //! an error that names what to fix.
 //!
@@ -34,6 +34,11 @@ struct S3Server {
 
 impl S3Server {
     fn start(bucket: &str) -> S3Server {
+        S3Server::start_with(bucket, &[])
+    }
+
+    /// A server with variables of moto's (`INITIAL_NO_AUTH_ACTION_COUNT`).
+    fn start_with(bucket: &str, env: &[(&str, &str)]) -> S3Server {
         let port = free_port();
         let moto = workspace().join(".venv/bin/moto_server");
         assert!(
@@ -43,6 +48,7 @@ impl S3Server {
         );
         let child = Command::new(moto)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -348,6 +354,20 @@ fn failed_start(out: &str, env: &[(String, String)]) -> String {
     assert!(!output.status.success(), "the collector started: {said}");
     assert!(!said.contains("panicked"), "{said}");
     said
+}
+
+#[test]
+fn refused_credentials_stop_the_collector_naming_the_variables() {
+    // moto checks credentials once its first request (creating the bucket) is
+    // done: "test" is then no key it knows.
+    let s3 = S3Server::start_with("guarded", &[("INITIAL_NO_AUTH_ACTION_COUNT", "1")]);
+    let said = failed_start("s3://guarded/runs", &s3.env());
+    assert!(
+        said.contains("refused the credentials")
+            && said.contains("AWS_ACCESS_KEY_ID")
+            && said.contains("AWS_SECRET_ACCESS_KEY"),
+        "{said}"
+    );
 }
 
 #[test]
