@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rankscope_tests::{CollectorProc, bin, free_port, random_ms, spill_dir, workspace};
+use rankscope_tests::{CollectorProc, bin, free_port, random_ms, rankscope, spill_dir, workspace};
 
 const STEPS: u64 = 300;
 const LAYERS: u64 = 2;
@@ -317,6 +317,12 @@ fn collectors_commit_to_a_local_delta_table_exactly_once_after_kills() {
         String::from_utf8_lossy(&output.stdout).trim(),
         format!("[{per_rank}]")
     );
+    // `rankscope summary` and `report` read the Delta tables as they read a folder.
+    let summary = rankscope(&["summary", "--out", &out]);
+    assert!(summary.contains("delta-run"), "{summary}");
+    assert!(summary.contains(&STEPS.to_string()), "{summary}");
+    rankscope(&["report", &out, "--run", "delta-run"]);
+    assert!(dir.path().join("report-delta-run.html").is_file());
 }
 
 #[test]

@@ -64,9 +64,11 @@
 //! - this module: [`DeltaStore`] (opening and creating the tables, the start-up
 //!   check that names the variable to fix, the watermark lookups) and
 //!   [`DeltaError`];
-//! - [`commit`]: one collector commit ([`DeltaStore::commit`]).
+//! - [`commit`]: one collector commit ([`DeltaStore::commit`]);
+//! - [`read`]: a table read back as the collector's rows, for the reports.
 
 pub mod commit;
+pub mod read;
 
 use std::collections::HashMap;
 use std::sync::Arc;
