@@ -323,6 +323,17 @@ fn collectors_commit_to_a_local_delta_table_exactly_once_after_kills() {
     assert!(summary.contains(&STEPS.to_string()), "{summary}");
     rankscope(&["report", &out, "--run", "delta-run"]);
     assert!(dir.path().join("report-delta-run.html").is_file());
+    // `rankscope compact` merges the run's files: one file per table, the same rows.
+    let compacted = rankscope(&["compact", "--out", &out, "--run-id", "delta-run"]);
+    eprintln!("{compacted}");
+    assert!(compacted.contains("steps: "), "{compacted}");
+    assert!(compacted.contains("layers: "), "{compacted}");
+    for line in compacted.lines() {
+        let (table, _) = line.split_once(':').expect("table: N files -> M");
+        assert!(line.contains("-> 1 ") || line.contains("-> 0 "), "{line}");
+        assert!(!table.is_empty());
+    }
+    assert_exact(&dir.path().display().to_string(), 8, None);
 }
 
 #[test]

@@ -65,9 +65,11 @@
 //!   check that names the variable to fix, the watermark lookups) and
 //!   [`DeltaError`];
 //! - [`commit`]: one collector commit ([`DeltaStore::commit`]);
-//! - [`read`]: a table read back as the collector's rows, for the reports.
+//! - [`read`]: a table read back as the collector's rows, for the reports;
+//! - [`compact`]: a finished run's files merged (`rankscope compact`).
 
 pub mod commit;
+pub mod compact;
 pub mod read;
 
 use std::collections::HashMap;
