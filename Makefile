@@ -134,18 +134,18 @@ fmt:
 
 bench: setup ## overhead and collector benchmarks, printed and saved to bench-latest.md (see BENCHMARKS.md)
 	cargo run --release -p rankscope -- bench | tee bench-latest.md
-	cargo build --release -p rankscope --no-default-features
+	cargo build --release -p rankscope --no-default-features --features delta
 	cp target/release/rankscope target/release/rankscope-collector
 	cargo run --release -p rankscope -- bench collector --collector-bin target/release/rankscope-collector | tee -a bench-latest.md
 	$(VENV)/bin/python python/benches/ddp_ab.py | tee -a bench-latest.md
 	$(VENV)/bin/python python/benches/fsdp_ab.py | tee -a bench-latest.md
 
 bench-sharding: ## throughput of 1 vs 2 collectors (see BENCHMARKS.md)
-	cargo build --release -p rankscope --no-default-features
+	cargo build --release -p rankscope --no-default-features --features delta
 	python3 collector/benches/sharding.py --bin target/release/rankscope
 
-collector: ## a collector-only binary, without libtorch
-	cargo build --release -p rankscope --no-default-features
+collector: ## a collector-only binary, without libtorch (with Delta Lake output)
+	cargo build --release -p rankscope --no-default-features --features delta
 
 clean:
 	cargo clean
