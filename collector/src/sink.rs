@@ -80,6 +80,8 @@ impl Sink {
             Sink::Dir(_) => {
                 let sink = self.clone();
                 let joined = tokio::task::spawn_blocking(move || {
+                    // Irrefutable in a build without the `delta` feature.
+                    #[allow(irrefutable_let_patterns)]
                     let Sink::Dir(store) = sink.as_ref() else {
                         unreachable!("matched above")
                     };
