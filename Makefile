@@ -10,8 +10,18 @@ MATURIN_VERSION := 1.16.0
 PYTEST_VERSION := 8.4.2
 # numpy only so that `import torch` does not warn "Failed to initialize NumPy".
 NUMPY_VERSION := 2.3.5
+# A local S3 server for the Delta tests (tests/tests/delta.rs); its put-if-absent
+# holds under racing writers.
+MOTO_VERSION := 5.2.5
+# The Python delta-rs reader: the Delta tests check that it reads our tables.
+DELTALAKE_PY_VERSION := 1.6.6
+# DuckDB's delta and httpfs extensions load only into their exact DuckDB
+# version, and PyPI has them for 1.5.5, not for DUCKDB_VERSION: the Delta tests
+# read with this DuckDB, installed beside the main one (docs/past-one-machine.md).
+DUCKDB_DELTA_VERSION := 1.5.5
+DELTA_READERS := $(VENV)/delta-readers
 PYTHON ?= python3
-STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)-$(NUMPY_VERSION)
+STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)-$(NUMPY_VERSION)-$(MOTO_VERSION)-$(DELTALAKE_PY_VERSION)
 # The wheel's `rankscope` command (a native binary, no libtorch) goes here before
 # maturin packs it (python/pyproject.toml: tool.maturin.data).
 WHEEL_DATA := python/wheel-data
@@ -20,7 +30,7 @@ WHEEL_DATA := python/wheel-data
 MATURIN := cd python && CARGO_TARGET_DIR=$(CURDIR)/target maturin
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup python python-dev wheel browser terminal demo test lint bench bench-sharding fmt collector clean
+.PHONY: help setup delta-readers python python-dev wheel browser terminal demo test lint bench bench-sharding fmt collector clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -38,10 +48,23 @@ $(STAMP):
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
 	  torch==$(TORCH_VERSION) duckdb-cli==$(DUCKDB_VERSION) maturin==$(MATURIN_VERSION) pytest==$(PYTEST_VERSION) \
-	  numpy==$(NUMPY_VERSION)
+	  numpy==$(NUMPY_VERSION) "moto[server]==$(MOTO_VERSION)" \
+	  deltalake==$(DELTALAKE_PY_VERSION)
 	@# A fixed path to libtorch, whatever the python version (see .cargo/config.toml).
 	ln -sfn "$$($(VENV)/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')" $(VENV)/libtorch
 	@touch $@
+
+# DuckDB with the delta and httpfs extensions, for the Delta tests: the CLI at
+# $(DELTA_READERS)/duckdb_cli/duckdb, each extension file inside its package.
+$(DELTA_READERS)/.installed-$(DUCKDB_DELTA_VERSION): $(STAMP)
+	rm -rf $(DELTA_READERS)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --target $(DELTA_READERS) \
+	  duckdb-cli==$(DUCKDB_DELTA_VERSION) duckdb-extension-delta==$(DUCKDB_DELTA_VERSION) \
+	  duckdb-extension-httpfs==$(DUCKDB_DELTA_VERSION)
+	chmod +x $(DELTA_READERS)/duckdb_cli/duckdb
+	@touch $@
+
+delta-readers: $(DELTA_READERS)/.installed-$(DUCKDB_DELTA_VERSION)
 
 setup: $(STAMP) python ## create the venv (torch, torchrun, duckdb) and install the Python package and command
 
@@ -50,7 +73,7 @@ setup: $(STAMP) python ## create the venv (torch, torchrun, duckdb) and install 
 # profile flag, $(2) its folder under target/. It is copied at once: a later
 # `cargo build` of the full binary (with `train` and `bench`) takes the same name.
 define command-binary
-	cargo build $(1) -p rankscope --no-default-features
+	cargo build $(1) -p rankscope --no-default-features --features delta
 	mkdir -p $(WHEEL_DATA)/scripts
 	cp target/$(2)/rankscope $(WHEEL_DATA)/scripts/rankscope
 endef
@@ -96,7 +119,7 @@ terminal:
 
 # The wheel test installs python-dev's wheel (the dev profile) into a fresh
 # venv of its own, as a user would.
-test: $(STAMP) python-dev browser terminal ## build everything and run every test (installs the package's dev build)
+test: $(STAMP) python-dev browser terminal delta-readers ## build everything and run every test (installs the package's dev build)
 	cargo build --workspace --bins
 	cargo test --workspace --no-fail-fast
 	RANKSCOPE_WHEEL="$$(ls target/wheels/dev/rankscope-*.whl)" $(VENV)/bin/python -m pytest -q python/tests
@@ -111,18 +134,18 @@ fmt:
 
 bench: setup ## overhead and collector benchmarks, printed and saved to bench-latest.md (see BENCHMARKS.md)
 	cargo run --release -p rankscope -- bench | tee bench-latest.md
-	cargo build --release -p rankscope --no-default-features
+	cargo build --release -p rankscope --no-default-features --features delta
 	cp target/release/rankscope target/release/rankscope-collector
 	cargo run --release -p rankscope -- bench collector --collector-bin target/release/rankscope-collector | tee -a bench-latest.md
 	$(VENV)/bin/python python/benches/ddp_ab.py | tee -a bench-latest.md
 	$(VENV)/bin/python python/benches/fsdp_ab.py | tee -a bench-latest.md
 
 bench-sharding: ## throughput of 1 vs 2 collectors (see BENCHMARKS.md)
-	cargo build --release -p rankscope --no-default-features
+	cargo build --release -p rankscope --no-default-features --features delta
 	python3 collector/benches/sharding.py --bin target/release/rankscope
 
-collector: ## a collector-only binary, without libtorch
-	cargo build --release -p rankscope --no-default-features
+collector: ## a collector-only binary, without libtorch (with Delta Lake output)
+	cargo build --release -p rankscope --no-default-features --features delta
 
 clean:
 	cargo clean

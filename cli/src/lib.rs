@@ -29,6 +29,8 @@ mod overhead_budget_arg;
 
 use clap::{Parser, Subcommand};
 
+#[cfg(feature = "delta")]
+use commands::compact;
 #[cfg(feature = "torch")]
 use commands::{bench, spectrum, train};
 use commands::{collector, compare, demo, jumps, launch, loadgen, replay, report, summary, top};
@@ -47,6 +49,8 @@ use commands::{collector, compare, demo, jumps, launch, loadgen, replay, report,
   rankscope loadgen --ranks 8 --steps 100 --layers 12 --collector 127.0.0.1:50051
   rankscope report rankscope-out                  # HTML page + diagnoses of the latest run
   rankscope compare RUN_A RUN_B                   # two runs side by side
+  rankscope collector --out s3://bucket/rankscope # Delta Lake tables (docs/past-one-machine.md)
+  rankscope compact --out s3://bucket/rankscope --run-id RUN   # merge a finished run's files
   rankscope jumps fc1_stable_rank.csv             # level shifts in a step,value series
   duckdb -c \"select rank, count(*) from read_parquet('rankscope-out/steps/*/*.parquet', hive_partitioning=true) group by rank\"
 
@@ -66,6 +70,8 @@ enum Command {
     Summary(summary::Args),
     Report(report::Args),
     Compare(compare::Args),
+    #[cfg(feature = "delta")]
+    Compact(compact::Args),
     Jumps(jumps::Args),
     Top(top::Args),
     #[cfg(feature = "torch")]
@@ -76,6 +82,11 @@ enum Command {
     #[cfg(feature = "torch")]
     Bench(bench::Args),
 }
+
+/// The log filter without `RANKSCOPE_LOG`: ours at info; the Delta Lake libraries
+/// log a line per request and per snapshot at info, and one per commit race (routine
+/// with several collectors) at warn.
+pub const DEFAULT_LOG: &str = "info,buoyant_kernel=warn,deltalake_core=error,object_store=warn";
 
 /// Parses `args` (the program name first) and runs the command. Help, version and
 /// usage errors print and exit the process, as clap does.
@@ -88,7 +99,7 @@ where
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RANKSCOPE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG)),
         )
         .with_writer(std::io::stderr)
         // Colour codes only on a terminal, never in a log file or a journal.
@@ -104,6 +115,8 @@ where
         Command::Summary(args) => summary::run(args),
         Command::Report(args) => report::run(args),
         Command::Compare(args) => compare::run(args),
+        #[cfg(feature = "delta")]
+        Command::Compact(args) => compact::run(args),
         Command::Jumps(args) => jumps::run(args),
         Command::Top(args) => top::run(args),
         #[cfg(feature = "torch")]

@@ -8,6 +8,9 @@
 //! run is still going. `run_id` is a column of every file, so it is not declared
 //! as a partition column.
 //!
+//! A Delta output (`delta:PATH`, `s3://BUCKET/PREFIX`) is read through the
+//! collector's Delta reader into memory tables of the same schema.
+//!
 //! [`Dataset::run_data`] reads a run into the plain rows the diagnoses take
 //! ([`RunData`]); `summary`, `report` and `compare` run their aggregates as SQL.
 
@@ -20,6 +23,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float32Type, Float64Type, Int64Type, UInt64Type};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use rankscope_collector::output::{DeltaRoot, Output};
 use rankscope_collector::table::{self, Table};
 
 use crate::analysis::diagnoses::{self, EventRecord, LayerRecord, RankInfo, RunData, StepRecord};
@@ -69,8 +73,12 @@ pub fn literal(s: &str) -> String {
 }
 
 impl Dataset {
-    /// Opens `out`, the output directory of one or more collectors.
+    /// Opens `out`, the output directory of one or more collectors, or their
+    /// Delta tables (`delta:PATH`, `s3://BUCKET/PREFIX`).
     pub fn open(out: &Path) -> anyhow::Result<Dataset> {
+        if let Some(Output::Delta(root)) = out.to_str().and_then(|t| Output::parse(t).ok()) {
+            return Dataset::open_delta(out, &root);
+        }
         if !out.is_dir() {
             anyhow::bail!(
                 "{} is not a directory: pass the collector's --out directory",
@@ -80,13 +88,7 @@ impl Dataset {
         let out = out
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", out.display()))?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the query runtime")?;
-        let config = SessionConfig::new()
-            .with_target_partitions(std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let ctx = SessionContext::new_with_config(config);
+        let (ctx, runtime) = Dataset::session()?;
         for table in Table::ALL {
             let schema = table::schema(table);
             let dir = out.join(table.name());
@@ -110,6 +112,46 @@ impl Dataset {
                 .with_context(|| format!("cannot open table {name} under {}", out.display()))?;
         }
         Ok(Dataset { ctx, runtime, out })
+    }
+
+    /// Opens the Delta tables under `root`: each read whole into memory (through
+    /// [`rankscope_collector::delta::read::read_table`], the files of the table's
+    /// current version), as the reports read a run whole anyway.
+    #[cfg(feature = "delta")]
+    fn open_delta(out: &Path, root: &DeltaRoot) -> anyhow::Result<Dataset> {
+        let (ctx, runtime) = Dataset::session()?;
+        for table in Table::ALL {
+            let name = table.name();
+            let batches = runtime
+                .block_on(rankscope_collector::delta::read::read_table(root, table))
+                .with_context(|| format!("cannot read the Delta table {name} under {root}"))?;
+            let memory = MemTable::try_new(table::schema(table), vec![batches])?;
+            ctx.register_table(name, Arc::new(memory))?;
+        }
+        Ok(Dataset {
+            ctx,
+            runtime,
+            out: out.to_path_buf(),
+        })
+    }
+
+    #[cfg(not(feature = "delta"))]
+    fn open_delta(_out: &Path, root: &DeltaRoot) -> anyhow::Result<Dataset> {
+        anyhow::bail!(
+            "--out {root} is a Delta table root, but this rankscope was built without Delta \
+             support: build it with `--features delta`"
+        )
+    }
+
+    /// The query session and the runtime that drives it.
+    fn session() -> anyhow::Result<(SessionContext, tokio::runtime::Runtime)> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the query runtime")?;
+        let config = SessionConfig::new()
+            .with_target_partitions(std::thread::available_parallelism().map_or(1, |n| n.get()));
+        Ok((SessionContext::new_with_config(config), runtime))
     }
 
     /// Runs one SQL query and collects its result.

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use crate::counters::CommitCounters;
 use crate::intake::Intake;
 use crate::phase::{Phase, until};
-use crate::store::Store;
+use crate::sink::Sink;
 
 /// When commits happen.
 #[derive(Debug, Clone)]
@@ -40,7 +40,7 @@ const SOON: Duration = Duration::from_millis(150);
 /// sets [`Phase::Drained`].
 pub async fn run(
     intake: Arc<Intake>,
-    store: Arc<Store>,
+    sink: Arc<Sink>,
     policy: CommitPolicy,
     phase: watch::Sender<Phase>,
     counters: Arc<CommitCounters>,
@@ -68,7 +68,7 @@ pub async fn run(
         if !due {
             continue;
         }
-        if commit_once(&intake, &store, &counters).await {
+        if commit_once(&intake, &sink, &counters).await {
             soon = false;
             backoff = Duration::ZERO;
             trim.committed();
@@ -79,7 +79,7 @@ pub async fn run(
     // Let streams finish the batch they were admitting, then commit the rest.
     tokio::time::sleep(Duration::from_millis(50)).await;
     for attempt in 0..5 {
-        if commit_once(&intake, &store, &counters).await {
+        if commit_once(&intake, &sink, &counters).await {
             break;
         }
         tracing::error!(attempt, "final commit failed; retrying");
@@ -147,20 +147,15 @@ impl Trim {
 }
 
 /// Commits everything buffered; true on success or when there was nothing to do.
-async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &CommitCounters) -> bool {
+async fn commit_once(intake: &Arc<Intake>, sink: &Arc<Sink>, counters: &CommitCounters) -> bool {
     let pending = intake.take_pending();
     if pending.is_empty() {
         return true;
     }
-    let store = store.clone();
     let started = Instant::now();
-    let result = tokio::task::spawn_blocking(move || {
-        let summary = store.commit(&pending);
-        (pending, summary)
-    })
-    .await;
+    let (pending, result) = sink.commit(pending).await;
     let ok = match result {
-        Ok((pending, Ok(summary))) => {
+        Ok(summary) => {
             intake.mark_durable(pending.watermarks());
             drop(pending);
             intake.committed_pending();
@@ -175,17 +170,10 @@ async fn commit_once(intake: &Arc<Intake>, store: &Arc<Store>, counters: &Commit
             tracing::debug!(files = summary.files, rows = summary.rows, "committed");
             true
         }
-        Ok((pending, Err(error))) => {
+        Err(error) => {
             counters.failures.fetch_add(1, Ordering::Relaxed);
             tracing::error!(%error, "commit failed; rows kept for retry");
             intake.restore_pending(pending);
-            false
-        }
-        Err(join) => {
-            // The rows went with the panicked task.
-            intake.committed_pending();
-            counters.failures.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(error = %join, "commit task panicked");
             false
         }
     };

@@ -240,6 +240,21 @@ impl Intake {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether the collector holds a watermark for `key` (recovered, learned or
+    /// from a stream).
+    pub fn knows(&self, key: &RankKey) -> bool {
+        self.lock().ranks.contains_key(key)
+    }
+
+    /// Starts `key` from the durable watermark `seq` looked up in the output
+    /// (a Delta table's log), unless a stream got there first.
+    pub fn learn(&self, key: &RankKey, seq: u64) {
+        self.lock()
+            .ranks
+            .entry(key.clone())
+            .or_insert_with(|| RankState::new(seq));
+    }
+
     /// Registers a stream for `hello`'s rank; returns its generation and its durable
     /// watermark, or the refusal when another process's stream holds the rank
     /// ([`Claim`]).

@@ -26,9 +26,15 @@
 //!   which the service, the committer and `ops` watch;
 //! - [`counters`]: what the service and the committer count, read by `ops` and
 //!   the summary `serve` returns;
+//! - [`output`]: where the collector writes, `--out` parsed: a folder, `delta:PATH`
+//!   or `s3://BUCKET/PREFIX`;
+//! - [`sink`]: the output opened, one interface over the two below for the
+//!   committer and the service;
 //! - [`store`]: the output directory; [`store::writer`] encodes a Parquet file,
 //!   [`store::commit`] makes atomic commits and writes the commit log,
 //!   [`store::recovery`] recovers after a crash;
+//! - `delta` (with the `delta` feature): the Delta Lake output, one Delta table
+//!   per table, exactly once through each table's `txn` actions;
 //! - [`space`]: free space on the output filesystem, the `--min-free-bytes` floor;
 //! - [`live`]: the live view, what every rank is doing now, fed by the rows as
 //!   they are accepted and bounded in memory;
@@ -46,16 +52,20 @@ pub mod auth;
 pub mod buffer;
 pub mod committer;
 pub mod counters;
+#[cfg(feature = "delta")]
+pub mod delta;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod grpc;
 pub mod intake;
 pub mod live;
 pub mod ops;
+pub mod output;
 pub mod phase;
 pub mod room;
 pub mod sequence;
 pub mod service;
+pub mod sink;
 pub mod space;
 pub mod store;
 pub mod table;
@@ -64,7 +74,6 @@ pub mod validate;
 pub mod wire;
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -80,13 +89,15 @@ use crate::grpc::{CollectorServer, MessageLimits};
 use crate::intake::Intake;
 use crate::phase::{Phase, until};
 use crate::service::CollectorService;
-use crate::store::{Store, StoreError};
+use crate::sink::{Sink, SinkError};
+
+pub use crate::output::Output;
 
 /// How the collector writes and what it accepts.
 #[derive(Debug, Clone)]
 pub struct CollectorConfig {
-    /// The output directory.
-    pub out: PathBuf,
+    /// Where commits go: a folder (the default), or Delta tables.
+    pub out: Output,
     /// A file is closed at most this long after its first row arrived.
     pub max_file_age: Duration,
     /// A file is closed once it holds this many rows.
@@ -137,7 +148,7 @@ impl CollectorConfig {
     pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 
     /// The defaults, writing to `out`. The command line's defaults are these.
-    pub fn new(out: impl Into<PathBuf>) -> CollectorConfig {
+    pub fn new(out: impl Into<Output>) -> CollectorConfig {
         CollectorConfig {
             out: out.into(),
             max_file_age: Self::DEFAULT_MAX_FILE_AGE,
@@ -239,7 +250,7 @@ impl CollectorConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum CollectorError {
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] SinkError),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error(
@@ -298,8 +309,8 @@ pub async fn serve_with_http(
             .tls_config(tls.config())
             .map_err(CollectorError::Tls)?;
     }
-    let store = Arc::new(Store::open(&config.out, config.row_group_rows)?);
-    let recovered = store.recover()?;
+    let (sink, recovered) = Sink::open(&config.out, config.row_group_rows).await?;
+    let sink = Arc::new(sink);
     if !recovered.is_empty() {
         tracing::info!(ranks = recovered.len(), "recovered durable watermarks");
     }
@@ -315,12 +326,16 @@ pub async fn serve_with_http(
     let phase_for_shutdown = phase_tx.clone();
     let committer = tokio::spawn(committer::run(
         intake.clone(),
-        store.clone(),
+        sink.clone(),
         policy,
         phase_tx,
         commit_counters.clone(),
     ));
-    let space = Arc::new(space::SpaceGuard::new(&config.out, config.min_free_bytes));
+    // Object storage has no free space to watch.
+    let space = Arc::new(match config.out.local_dir() {
+        Some(dir) => space::SpaceGuard::new(dir, config.min_free_bytes),
+        None => space::SpaceGuard::new(std::path::Path::new("."), 0),
+    });
     let readiness = ops::Readiness::new(phase_rx.clone(), space.clone());
     // Only `--http` serves the view: without it nothing is kept.
     let live = (config.live_steps > 0 && http.is_some())
@@ -332,7 +347,8 @@ pub async fn serve_with_http(
         config.max_streams,
         stream_counters.clone(),
     )
-    .with_live(live.clone());
+    .with_live(live.clone())
+    .with_sink(sink.clone());
     let (http_stop, http_task) = match http {
         Some(listener) => {
             let figures = ops::metrics::Figures {
@@ -342,7 +358,7 @@ pub async fn serve_with_http(
                 open_streams: service.open_streams(),
                 message_timeout: config.message_timeout,
                 readiness: readiness.clone(),
-                out: config.out.clone(),
+                out: config.out.local_dir().map(std::path::Path::to_path_buf),
                 min_free_bytes: config.min_free_bytes,
             };
             let live = live.map(|view| {

@@ -30,6 +30,7 @@ use crate::intake::{self, Admission, Intake, OnStream};
 use crate::live::LiveView;
 use crate::phase::{Phase, until};
 use crate::sequence::SeqError;
+use crate::sink::Sink;
 use crate::space::SpaceGuard;
 use crate::validate::{self, Invalid};
 use crate::wire::{DecodedBatch, Message};
@@ -50,6 +51,9 @@ pub struct CollectorService {
     counters: Arc<StreamCounters>,
     /// Fed with every accepted batch; `None` with `--live-steps 0`.
     live: Option<Arc<LiveView>>,
+    /// Asked for the durable watermark of a rank the intake does not know yet
+    /// (a Delta output keeps them in its log).
+    sink: Option<Arc<Sink>>,
 }
 
 impl CollectorService {
@@ -68,7 +72,14 @@ impl CollectorService {
             max_streams,
             counters,
             live: None,
+            sink: None,
         }
+    }
+
+    /// Looks the durable watermark of each new rank up in `sink`.
+    pub fn with_sink(mut self, sink: Arc<Sink>) -> CollectorService {
+        self.sink = Some(sink);
+        self
     }
 
     /// Feeds `live` with every batch accepted from now on.
@@ -221,6 +232,19 @@ impl StreamService for CollectorService {
             });
             tracing::warn!(error = %invalid, "refused stream");
             return Err(refuse(invalid));
+        }
+        let key = (hello.run_id.clone(), hello.rank);
+        if let Some(sink) = self.sink.as_ref().filter(|_| !self.intake.knows(&key)) {
+            match sink.durable(&key).await {
+                Ok(Some(seq)) => self.intake.learn(&key, seq),
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::error!(%error, run_id = %key.0, rank = key.1, "cannot read the durable watermark");
+                    return Err(Status::unavailable(format!(
+                        "the collector cannot read the durable watermark of this rank from its output: {error}; retry later"
+                    )));
+                }
+            }
         }
         let (generation, durable) = match self.intake.attach(&hello) {
             Ok(attached) => attached,

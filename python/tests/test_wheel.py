@@ -115,7 +115,7 @@ def test_wheel_holds_the_command_and_links_torch_from_the_installed_package(venv
         [str(command), "--help"], env=env, capture_output=True, text=True, check=True
     ).stdout
     print(f"\n`rankscope --help` from the wheel: {time.monotonic() - started:.3f} s")
-    for sub in ("collector", "report", "compare", "jumps", "top", "summary", "replay", "launch", "loadgen", "demo"):
+    for sub in ("collector", "report", "compare", "compact", "jumps", "top", "summary", "replay", "launch", "loadgen", "demo"):
         assert re.search(rf"^\s+{sub}\b", help_text, re.M), f"{sub} missing from --help:\n{help_text}"
     via_python = subprocess.run(
         [str(bin_dir / "python"), "-m", "rankscope", "--version"], env=env, capture_output=True, text=True

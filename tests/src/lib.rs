@@ -149,19 +149,30 @@ impl CollectorProc {
 
     /// Starts the collector on a given address (for restarts on the same port).
     pub fn start_on(listen: &str, out: &Path, args: &[&str]) -> CollectorProc {
-        Self::spawn(listen, out, args, None, None)
+        Self::spawn(listen, out, args, None, None, &[])
+    }
+
+    /// Starts the collector on a given address with more environment variables
+    /// (the `AWS_*` of an S3 output).
+    pub fn start_with_env(
+        listen: &str,
+        out: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> CollectorProc {
+        Self::spawn(listen, out, args, None, None, env)
     }
 
     /// Starts the collector with its log (stderr, `warn` and up) written to `log`,
     /// for tests that check what it says; see [`CollectorProc::log`].
     pub fn start_logged(out: &Path, args: &[&str], log: &Path) -> CollectorProc {
-        Self::spawn("127.0.0.1:0", out, args, Some(log), None)
+        Self::spawn("127.0.0.1:0", out, args, Some(log), None, &[])
     }
 
     /// Starts the collector inside network namespace `netns` (see [`netns`]);
     /// `addr` is then the address it printed (`0.0.0.0:PORT` for `0.0.0.0:0`).
     pub fn start_in_netns(netns: &str, listen: &str, out: &Path, args: &[&str]) -> CollectorProc {
-        Self::spawn(listen, out, args, None, Some(netns))
+        Self::spawn(listen, out, args, None, Some(netns), &[])
     }
 
     fn spawn(
@@ -170,6 +181,7 @@ impl CollectorProc {
         args: &[&str],
         log: Option<&Path>,
         netns: Option<&str>,
+        env: &[(String, String)],
     ) -> CollectorProc {
         let stderr = match log {
             Some(path) => Stdio::from(std::fs::File::create(path).expect("create the log file")),
@@ -179,7 +191,8 @@ impl CollectorProc {
         cmd.args(["collector", "--listen", listen, "--out"])
             .arg(out)
             .args(args)
-            .env("RANKSCOPE_LOG", "warn");
+            .env("RANKSCOPE_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k, v)));
         if let Some(netns) = netns {
             cmd = netns::Star::exec_in(netns, &cmd);
         }

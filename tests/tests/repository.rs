@@ -185,7 +185,17 @@ fn feature_differences(
 #[test]
 fn the_command_the_extension_and_the_workspace_share_their_dependencies_features() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let command = resolved_features(&root, &["-p", "rankscope", "--no-default-features"], false);
+    let command = resolved_features(
+        &root,
+        &[
+            "-p",
+            "rankscope",
+            "--no-default-features",
+            "--features",
+            "delta",
+        ],
+        false,
+    );
     let extension = resolved_features(&root.join("python"), &[], false);
     let workspace = resolved_features(&root, &["--workspace"], true);
     let fix = "add the features to the feature-unification lines of cli/Cargo.toml (what \

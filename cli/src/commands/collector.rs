@@ -1,7 +1,7 @@
 //! `rankscope collector`: runs the collector until SIGTERM or Ctrl-C, then drains.
 
 use anyhow::Context;
-use rankscope_collector::CollectorConfig;
+use rankscope_collector::{CollectorConfig, Output};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -17,6 +17,8 @@ use crate::duration_arg;
       --tls-cert server.pem --tls-key server.key --tls-client-ca ca.pem   # mutual TLS
   rankscope collector --out /data/rankscope --http 127.0.0.1:9464   # Prometheus, health, live view
   rankscope top --collector 127.0.0.1:9464                           # then watch the run live
+  rankscope collector --out delta:/data/rankscope                    # Delta Lake tables
+  AWS_REGION=us-east-1 rankscope collector --out s3://bucket/rankscope   # Delta tables on S3
 
 With --http ADDR it also serves, over plain HTTP: GET /metrics (Prometheus
 figures: rows and batches received, duplicates, refusals by reason, commit
@@ -29,16 +31,22 @@ the token. The gRPC port always serves the standard health service
 (grpc.health.v1.Health), with the same readiness.
 
 Files appear as OUT/<table>/run_id=<run>/part-*.parquet (tables: runs, ranks, steps,
-layers, model, events, comm). On SIGTERM or Ctrl-C the collector commits and acknowledges
+layers, model, events, comm). With delta:PATH or s3://BUCKET/PREFIX each table is the
+Delta table PATH/<table>, partitioned by run_id, each commit one Delta transaction
+(docs/past-one-machine.md). On SIGTERM or Ctrl-C the collector commits and acknowledges
 everything it accepted, then exits 0.")]
 pub struct Args {
     /// Address to listen on (port 0 picks a free port). Loopback by default:
     /// listen on a cluster address only with --token-file (see deploy/).
     #[arg(long, default_value = "127.0.0.1:50051", env = "RANKSCOPE_LISTEN")]
     pub listen: SocketAddr,
-    /// Output directory.
-    #[arg(long, default_value = CollectorConfig::DEFAULT_OUT, env = "RANKSCOPE_OUT")]
-    pub out: PathBuf,
+    /// Where to write: a folder (hive-partitioned Parquet), `delta:PATH` (one
+    /// Delta Lake table per table under PATH) or `s3://BUCKET/PREFIX` (the same
+    /// Delta tables on S3, with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_REGION, AWS_ENDPOINT_URL and AWS_ALLOW_HTTP); see
+    /// docs/past-one-machine.md.
+    #[arg(long, default_value = CollectorConfig::DEFAULT_OUT, env = "RANKSCOPE_OUT", value_parser = Output::parse)]
+    pub out: Output,
     /// Close a file at most this long after its first row (data is queryable then).
     #[arg(long, default_value_t = duration_arg::Arg(CollectorConfig::DEFAULT_MAX_FILE_AGE), value_parser = duration_arg::parse_arg)]
     pub max_file_age: duration_arg::Arg,
@@ -103,7 +111,7 @@ impl Args {
     /// The collector's configuration; reads the token and TLS files (once: call it
     /// once).
     pub fn config(&self) -> anyhow::Result<CollectorConfig> {
-        let mut config = CollectorConfig::new(&self.out);
+        let mut config = CollectorConfig::new(self.out.clone());
         config.max_file_age = self.max_file_age.0;
         config.max_file_rows = self.max_file_rows;
         config.max_streams = self.max_streams;
@@ -156,7 +164,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         // Tests and scripts read this line to find a port chosen with :0.
         let scheme = if args.tls_cert.is_some() { "TLS" } else { "plaintext" };
-        say(format_args!("rankscope collector listening on {addr}, writing {} ({scheme})", args.out.display()));
+        say(format_args!("rankscope collector listening on {addr}, writing {} ({scheme})", args.out));
         if !addr.ip().is_loopback() && args.token_file.is_none() && args.tls_client_ca.is_none() {
             tracing::warn!(%addr, "listening beyond loopback with no --token-file and no --tls-client-ca: anyone who reaches this port can write");
         }
@@ -173,7 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         let summary = rankscope_collector::serve_with_http(listener, http, config, shutdown)
             .await
-            .with_context(|| format!("collector writing to {} failed", args.out.display()))?;
+            .with_context(|| format!("collector writing to {} failed", args.out))?;
         say(format_args!(
             "rankscope collector stopped: {} streams, {} batches ({} duplicates dropped, {} refused), {} rows in {} files",
             summary.streams, summary.batches, summary.duplicates, summary.refused, summary.rows, summary.files

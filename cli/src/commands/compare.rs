@@ -22,7 +22,8 @@ pub struct Args {
     pub run_a: String,
     /// The run compared with it.
     pub run_b: String,
-    /// The collector's output directory holding the runs.
+    /// The collector's output directory holding the runs, or its Delta tables
+    /// (`delta:PATH`, `s3://BUCKET/PREFIX`).
     #[arg(long, default_value = rankscope_collector::CollectorConfig::DEFAULT_OUT)]
     pub out: PathBuf,
     /// Another output directory holding RUN_B, when it is not in --out.

@@ -7,6 +7,8 @@
 //! - `summary`: `rankscope summary`, a run's summary from its Parquet files;
 //! - `report`: `rankscope report`, the HTML page and JSON summary of a run;
 //! - `compare`: `rankscope compare`, two runs side by side;
+//! - `compact`: `rankscope compact`, a finished run's small files merged in each
+//!   Delta table (`delta` feature);
 //! - `jumps`: `rankscope jumps`, change points in one series;
 //! - `top`: `rankscope top`, every rank of a run live, from the collectors' live
 //!   view;
@@ -21,6 +23,8 @@
 #[cfg(feature = "torch")]
 pub mod bench;
 pub mod collector;
+#[cfg(feature = "delta")]
+pub mod compact;
 pub mod compare;
 pub mod demo;
 pub mod jumps;

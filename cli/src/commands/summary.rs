@@ -14,7 +14,8 @@ use crate::output_query::{Dataset, floats, ints, literal, strings};
   rankscope summary --out rankscope-out                        # the latest run
   rankscope summary --out rankscope-out --run-id run-1763790000-123")]
 pub struct Args {
-    /// The collector's output directory.
+    /// The collector's output directory, or its Delta tables (`delta:PATH`,
+    /// `s3://BUCKET/PREFIX`).
     #[arg(long, default_value = rankscope_collector::CollectorConfig::DEFAULT_OUT)]
     pub out: PathBuf,
     /// The run to summarise (default: the latest run).

@@ -44,7 +44,8 @@ pub struct Figures {
     pub intake: Arc<Intake>,
     pub open_streams: Arc<AtomicUsize>,
     pub readiness: Readiness,
-    pub out: PathBuf,
+    /// The local folder written to (none for object storage).
+    pub out: Option<PathBuf>,
     pub min_free_bytes: u64,
     /// `--message-timeout`.
     pub message_timeout: Duration,
@@ -222,7 +223,7 @@ impl Collector for Figures {
             "The memory bound (--max-memory-bytes) that the collector's resident memory is kept within",
             signed(self.intake.max_memory_bytes() as u64),
         )?;
-        if let Ok(free) = crate::space::available_bytes(&self.out) {
+        if let Some(Ok(free)) = self.out.as_deref().map(crate::space::available_bytes) {
             gauge(
                 &mut e,
                 "disk_free_bytes",

@@ -3,7 +3,8 @@
 //! row groups of up to `row_group_rows` rows).
 //!
 //! Imports only `table` (the Arrow schema of each table); nothing of the store,
-//! so the `fuzzing` module runs it in memory.
+//! so the `fuzzing` module runs it in memory, and the Delta output
+//! ([`crate::delta`]) writes its files with the same [`writer_properties`].
 
 use std::io::Write;
 
@@ -36,7 +37,7 @@ use crate::table::{self, Table};
 ///   whose per-value comparisons cost about 5 % of the collector's CPU.
 ///
 /// BENCHMARKS.md has the measurements behind each choice.
-fn writer_properties(schema: &Schema, row_group_rows: usize) -> WriterProperties {
+pub(crate) fn writer_properties(schema: &Schema, row_group_rows: usize) -> WriterProperties {
     let mut props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(1).expect("valid level"),

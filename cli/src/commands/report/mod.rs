@@ -18,6 +18,7 @@ use anyhow::Context;
 
 use crate::output_query::Dataset;
 pub use json_summary::Report;
+use rankscope_collector::output::{DeltaRoot, Output};
 
 /// Write a run's report: diagnoses, loss, step time, phases, memory, overhead,
 /// layer dimensionality with jumps, and the model profile.
@@ -31,7 +32,8 @@ Examples:
   rankscope report rankscope-out --json - | jq '.diagnoses[].kind'"
 )]
 pub struct Args {
-    /// The collector's output directory.
+    /// The collector's output directory, or its Delta tables (`delta:PATH`,
+    /// `s3://BUCKET/PREFIX`).
     #[arg(default_value = rankscope_collector::CollectorConfig::DEFAULT_OUT)]
     pub out: PathBuf,
     /// The run to report on (default: the latest run).
@@ -91,9 +93,15 @@ pub fn build(
     Ok((report, data))
 }
 
-/// Where the page goes when no path is given.
+/// Where the page goes when no path is given: into the output folder, or the
+/// current directory for Delta tables on object storage.
 pub fn default_path(out: &Path, run_id: &str) -> PathBuf {
-    out.join(format!("report-{run_id}.html"))
+    let page = format!("report-{run_id}.html");
+    match out.to_str().and_then(|t| Output::parse(t).ok()) {
+        Some(Output::Delta(DeltaRoot::Local(dir))) => dir.join(page),
+        Some(Output::Delta(DeltaRoot::Url(_))) => PathBuf::from(page),
+        _ => out.join(page),
+    }
 }
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {

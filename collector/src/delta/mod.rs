@@ -1,0 +1,380 @@
+//! The Delta Lake output: every table a Delta table (delta-rs), on a local or
+//! shared disk (`--out delta:PATH`) or object storage (`--out s3://BUCKET/PREFIX`).
+//!
+//! # Layout
+//!
+//! ```text
+//! ROOT/<table>/_delta_log/NNN.json          each table's log: one commit per version
+//! ROOT/<table>/run_id=<run>/part-*.parquet  data files, visible once a log entry adds them
+//! ROOT/_rankscope/watermarks/_delta_log/…   the watermark table: no rows, only `txn` actions
+//! ```
+//!
+//! Each table is partitioned by `run_id`. Unsigned columns are stored as Delta
+//! `long` (Delta has no unsigned types; `rank` and `seq` read as BIGINT).
+//!
+//! # Exactly once through the log
+//!
+//! A Delta commit is one table's, so a collector commit (rows of several tables)
+//! is several Delta commits: one per table that has rows, then one to the
+//! watermark table. Each carries Delta's application transaction action, `txn`,
+//! with app id `rankscope/<run_id>/<rank>` and version = the highest `seq` of
+//! that (run, rank) whose rows the table now holds, for every (run, rank) of the
+//! collector commit:
+//!
+//! - in a data table, the `txn` version says which of the rank's batches that
+//!   table holds: a resent batch's rows are written to a table only when its
+//!   `seq` is above the table's version (this is what makes a crash between two
+//!   tables' commits duplicate nothing);
+//! - in the watermark table, committed last, it is the durable watermark answered
+//!   in `Welcome` and `Ack`: every table holds every batch up to it.
+//!
+//! One app id per (run, rank), not per collector: the (run, rank) is what agents
+//! number batches by, and a rank moves to another collector when its own fails,
+//! so any collector must find its watermark by that key alone. Delta keeps the
+//! latest version of each app id (and checkpoints keep them), so a lookup is one
+//! log replay of the `txn` column; the collector looks a (run, rank) up when its
+//! first stream arrives ([`DeltaStore::durable`]), not at start. The table
+//! property `delta.setTransactionRetentionDuration` is left unset: watermarks
+//! never expire.
+//!
+//! # After a crash
+//!
+//! A data file is visible only once a log entry adds it. A crash (or a failed
+//! commit) after writing data files but before their table's commit leaves them
+//! unreferenced: no reader sees them, and `VACUUM` (Delta's, from Spark, Python
+//! `deltalake` or `rankscope compact`) deletes them once older than its retention
+//! (7 days by default). A crash between two tables' commits is repaired by the
+//! resend: the agents resend everything above the watermark table's version,
+//! and each table skips what its own `txn` says it holds. A crash after the
+//! watermark commit but before the ack: the next `Welcome` carries the
+//! watermark, and the agent drops what it holds up to it.
+//!
+//! # Many collectors
+//!
+//! Collectors commit to the same tables at once. A commit is put-if-absent on the
+//! next `_delta_log/NNN.json` (S3 supports `If-None-Match`, so no lock service);
+//! a writer that loses the race rebases and retries (delta-rs, up to its
+//! attempts), and past those this module retries with backoff and jitter until
+//! the commit lands or fails for another reason. Appends never conflict with each
+//! other, and the `txn` of two collectors never share an app id. Every
+//! [`CHECKPOINT_INTERVAL`] versions delta-rs writes a checkpoint.
+//!
+//! # Modules
+//!
+//! - this module: [`DeltaStore`] (opening and creating the tables, the start-up
+//!   check that names the variable to fix, the watermark lookups) and
+//!   [`DeltaError`];
+//! - [`commit`]: one collector commit ([`DeltaStore::commit`]);
+//! - [`read`]: a table read back as the collector's rows, for the reports;
+//! - [`compact`]: a finished run's files merged (`rankscope compact`).
+
+pub mod commit;
+pub mod compact;
+pub mod read;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deltalake::kernel::StructField;
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel as _;
+use deltalake::protocol::SaveMode;
+use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError, TableProperty};
+use tokio::sync::Mutex;
+use url::Url;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+
+use crate::buffer::RankKey;
+use crate::output::DeltaRoot;
+use crate::table::{self, Table};
+
+/// Versions between two checkpoints of a table's log: readers replay at most
+/// this many JSON commits after the last checkpoint.
+pub const CHECKPOINT_INTERVAL: u64 = 20;
+/// How long the start-up check waits for the object store to answer.
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// The folder of the watermark table under the root.
+pub const WATERMARK_TABLE: &str = "_rankscope/watermarks";
+
+/// Why the Delta output failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeltaError {
+    /// A setting or the store refused us at start; the text names what to fix.
+    #[error("{0}")]
+    Start(String),
+    #[error("delta table {table}: {source}")]
+    Table {
+        table: String,
+        /// Boxed: delta-rs's error is large, and this one travels in every result.
+        source: Box<DeltaTableError>,
+    },
+    #[error("cannot convert {table} rows for Delta: {source}")]
+    Convert {
+        table: &'static str,
+        source: arrow::error::ArrowError,
+    },
+}
+
+/// One Delta table of the output and what the collector knows of its `txn`
+/// versions.
+#[derive(Debug)]
+pub(crate) struct Target {
+    pub(crate) name: String,
+    pub(crate) table: DeltaTable,
+    /// The `txn` version per (run, rank), as last looked up or committed.
+    pub(crate) versions: HashMap<RankKey, u64>,
+}
+
+/// The Delta output: the tables, opened (created if absent) at start.
+#[derive(Debug)]
+pub struct DeltaStore {
+    root: DeltaRoot,
+    /// The data tables, in [`Table::ALL`] order, then the watermark table. One
+    /// commit at a time holds the lock.
+    pub(crate) targets: Mutex<Vec<Target>>,
+    pub(crate) row_group_rows: usize,
+}
+
+/// The app id of a (run, rank) in `txn` actions.
+pub fn app_id(key: &RankKey) -> String {
+    format!("rankscope/{}/{}", key.0, key.1)
+}
+
+/// A table's Arrow schema as stored in Delta: unsigned integers as `Int64`
+/// (Delta has only signed types), everything else as the collector builds it.
+pub fn delta_schema(table: Table) -> SchemaRef {
+    let schema = table::schema(table);
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::UInt32 | DataType::UInt64 => {
+                Field::new(f.name(), DataType::Int64, f.is_nullable())
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+/// The watermark table's schema: it holds no rows, but Delta wants columns.
+fn watermark_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, false),
+        Field::new("rank", DataType::Int64, false),
+        Field::new("seq", DataType::Int64, false),
+    ]))
+}
+
+impl DeltaRoot {
+    /// The URL of the table at `name` under the root (a local root is created).
+    fn table_url(&self, name: &str) -> Result<Url, DeltaError> {
+        match self {
+            DeltaRoot::Local(dir) => {
+                let path = dir.join(name);
+                std::fs::create_dir_all(&path).map_err(|e| {
+                    DeltaError::Start(format!(
+                        "cannot create {} for --out {self}: {e} (is the disk writable?)",
+                        path.display()
+                    ))
+                })?;
+                let path = path.canonicalize().map_err(|e| {
+                    DeltaError::Start(format!("cannot resolve {}: {e}", path.display()))
+                })?;
+                Url::from_directory_path(&path).map_err(|()| {
+                    DeltaError::Start(format!("{} is not an absolute path", path.display()))
+                })
+            }
+            DeltaRoot::Url(root) => Url::parse(&format!("{root}/{name}/")).map_err(|e| {
+                DeltaError::Start(format!(
+                    "--out {root}: not a valid URL ({e}); give s3://BUCKET/PREFIX"
+                ))
+            }),
+        }
+    }
+}
+
+impl DeltaStore {
+    /// Opens every table under `root`, creating the missing ones. An object
+    /// store that cannot be reached, refuses the credentials or lacks the bucket
+    /// is an error naming the variable to fix.
+    pub async fn open(root: &DeltaRoot, row_group_rows: usize) -> Result<DeltaStore, DeltaError> {
+        deltalake::aws::register_handlers(None);
+        // Two TLS providers are compiled in (ring for gRPC, aws-lc-rs for the AWS
+        // SDK): rustls needs the process's default chosen before a client is built.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut targets = Vec::new();
+        let names = Table::ALL
+            .iter()
+            .map(|t| (t.name().to_string(), delta_schema(*t), true))
+            .chain([(WATERMARK_TABLE.to_string(), watermark_schema(), false)]);
+        for (name, schema, partitioned) in names {
+            let url = root.table_url(&name)?;
+            let table =
+                tokio::time::timeout(START_TIMEOUT, open_or_create(url, schema, partitioned))
+                    .await
+                    .map_err(|_| {
+                        DeltaError::Start(unreachable_message(root, "no answer within 20 s"))
+                    })?
+                    .map_err(|source| start_error(root, &name, source))?;
+            targets.push(Target {
+                name,
+                table,
+                versions: HashMap::new(),
+            });
+        }
+        Ok(DeltaStore {
+            root: root.clone(),
+            targets: Mutex::new(targets),
+            row_group_rows: row_group_rows.max(1),
+        })
+    }
+
+    pub fn root(&self) -> &DeltaRoot {
+        &self.root
+    }
+
+    /// The durable watermark of `key`: the version of its `txn` in the watermark
+    /// table (0: none). Looked up afresh, so a rank that moved here from another
+    /// collector gets what that collector made durable.
+    pub async fn durable(&self, key: &RankKey) -> Result<u64, DeltaError> {
+        let mut targets = self.targets.lock().await;
+        for target in targets.iter_mut() {
+            // Forget what the other tables said of this rank: another collector
+            // may have committed for it since.
+            target.versions.remove(key);
+        }
+        let watermarks = targets.last_mut().expect("the watermark table is opened");
+        refresh(watermarks).await?;
+        lookup(watermarks, key).await
+    }
+}
+
+/// Loads the table at `url`, or creates it (partitioned by `run_id` when
+/// `partitioned`) when there is none; another collector creating it at the same
+/// time is no error.
+async fn open_or_create(
+    url: Url,
+    schema: SchemaRef,
+    partitioned: bool,
+) -> Result<DeltaTable, DeltaTableError> {
+    // One listing of `_delta_log/`: it also finds a missing bucket or refused
+    // credentials before anything is written.
+    let mut table = DeltaTableBuilder::from_url(url.clone())?.build()?;
+    if table.log_store().is_delta_table_location().await? {
+        table.load().await?;
+        return Ok(table);
+    }
+    let kernel: deltalake::kernel::StructType = schema.as_ref().try_into_kernel()?;
+    let columns: Vec<StructField> = kernel.fields().cloned().collect();
+    let mut create = deltalake::operations::create::CreateBuilder::new()
+        .with_location(url.to_string())
+        .with_columns(columns)
+        .with_save_mode(SaveMode::Ignore)
+        .with_configuration_property(
+            TableProperty::CheckpointInterval,
+            Some(CHECKPOINT_INTERVAL.to_string()),
+        );
+    if partitioned {
+        create = create.with_partition_columns(["run_id"]);
+    }
+    match create.await {
+        Ok(table) => Ok(table),
+        // Another collector created it first.
+        Err(_) => DeltaTableBuilder::from_url(url)?.load().await,
+    }
+}
+
+/// Brings `target`'s snapshot up to the table's latest version.
+pub(crate) async fn refresh(target: &mut Target) -> Result<(), DeltaError> {
+    target
+        .table
+        .update_incremental(None)
+        .await
+        .map_err(|source| DeltaError::Table {
+            table: target.name.clone(),
+            source: Box::new(source),
+        })
+}
+
+/// The `txn` version of `key` in `target` (0: none), from the cache or the log.
+pub(crate) async fn lookup(target: &mut Target, key: &RankKey) -> Result<u64, DeltaError> {
+    if let Some(version) = target.versions.get(key) {
+        return Ok(*version);
+    }
+    let err = |source| DeltaError::Table {
+        table: target.name.clone(),
+        source: Box::new(source),
+    };
+    let state = target.table.snapshot().map_err(err)?;
+    let version = state
+        .transaction_version(target.table.log_store().as_ref(), app_id(key))
+        .await
+        .map_err(err)?
+        .map_or(0, |v| v.max(0) as u64);
+    target.versions.insert(key.clone(), version);
+    Ok(version)
+}
+
+/// The message for an object store that did not answer.
+fn unreachable_message(root: &DeltaRoot, what: &str) -> String {
+    let endpoint =
+        std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "(unset: AWS's own)".into());
+    format!(
+        "cannot reach the object store for --out {root} ({what}): check AWS_ENDPOINT_URL={endpoint} \
+         (and AWS_ALLOW_HTTP=true for an http:// endpoint) and that the server runs"
+    )
+}
+
+/// A start-up failure in words that name the variable or flag to fix.
+fn start_error(root: &DeltaRoot, name: &str, source: DeltaTableError) -> DeltaError {
+    let text = format!("{source:?}");
+    let has = |needle: &str| text.contains(needle);
+    let message = if has("NoSuchBucket") || has("bucket does not exist") {
+        let bucket = match root {
+            DeltaRoot::Url(url) => url
+                .split("://")
+                .nth(1)
+                .and_then(|r| r.split('/').next())
+                .unwrap_or("")
+                .to_string(),
+            DeltaRoot::Local(_) => String::new(),
+        };
+        format!(
+            "the bucket {bucket} of --out {root} does not exist: create it, or fix the bucket in --out"
+        )
+    } else if has("InvalidAccessKeyId")
+        || has("SignatureDoesNotMatch")
+        || has("AccessDenied")
+        || has("403")
+        || has("Forbidden")
+    {
+        format!(
+            "the object store refused the credentials for --out {root}: check AWS_ACCESS_KEY_ID \
+             and AWS_SECRET_ACCESS_KEY (and AWS_REGION) ({source})"
+        )
+    } else if has("MissingCredentials")
+        || has("credentials")
+        || has("Credentials")
+        || has("169.254.169.254")
+    {
+        format!(
+            "no credentials for --out {root}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY \
+             (or AWS_PROFILE) ({source})"
+        )
+    } else if has("error sending request")
+        || has("Connection refused")
+        || has("connect")
+        || has("dns error")
+        || has("timed out")
+    {
+        unreachable_message(root, &source.to_string())
+    } else {
+        format!("cannot open the Delta table {name} under --out {root}: {source}")
+    };
+    DeltaError::Start(message)
+}
+
+#[cfg(test)]
+mod tests;
