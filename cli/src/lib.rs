@@ -95,6 +95,9 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    // Before any TLS client or server is built (see the function).
+    #[cfg(feature = "delta")]
+    rankscope_collector::delta::choose_tls_provider();
     let cli = Cli::parse_from(args);
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -195,15 +195,22 @@ impl DeltaRoot {
     }
 }
 
+/// Chooses ring as the process's TLS provider. Two are compiled in with this
+/// feature (ring for gRPC, aws-lc-rs for the AWS SDK), and rustls then refuses
+/// to pick one: any TLS client or server built before this call (an agent's
+/// connection to a TLS collector, the collector's own listener) would panic.
+/// A binary with the feature calls it first thing; later calls do nothing.
+pub fn choose_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 impl DeltaStore {
     /// Opens every table under `root`, creating the missing ones. An object
     /// store that cannot be reached, refuses the credentials or lacks the bucket
     /// is an error naming the variable to fix.
     pub async fn open(root: &DeltaRoot, row_group_rows: usize) -> Result<DeltaStore, DeltaError> {
         deltalake::aws::register_handlers(None);
-        // Two TLS providers are compiled in (ring for gRPC, aws-lc-rs for the AWS
-        // SDK): rustls needs the process's default chosen before a client is built.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        choose_tls_provider();
         let mut targets = Vec::new();
         let names = Table::ALL
             .iter()
