@@ -8,17 +8,12 @@
 //! small. The removed files stay on storage, unreferenced, until `VACUUM`
 //! deletes them after the retention (docs/past-one-machine.md).
 
-use arrow::array::RecordBatch;
-use arrow::compute::cast;
-use deltalake::DeltaTableBuilder;
 use deltalake::kernel::Action;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
-use deltalake::logstore::object_store::ObjectStoreExt as _;
 use deltalake::protocol::DeltaOperation;
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use super::{DeltaError, delta_schema};
+use super::{DeltaError, delta_schema, read};
 use crate::output::DeltaRoot;
 use crate::store::writer;
 use crate::table::Table;
@@ -39,30 +34,10 @@ pub async fn compact_run(
     run_id: &str,
     row_group_rows: usize,
 ) -> Result<Compacted, DeltaError> {
-    let name = table.name();
-    let err = |source| DeltaError::Table {
-        table: name.to_string(),
-        source: Box::new(source),
+    let Some(delta) = read::open_table(root, table).await? else {
+        return Ok(Compacted::default());
     };
-    if let DeltaRoot::Local(dir) = root
-        && !dir.join(name).is_dir()
-    {
-        return Ok(Compacted::default());
-    }
-    let url = root.table_url(name)?;
-    let mut delta = DeltaTableBuilder::from_url(url)
-        .map_err(err)?
-        .build()
-        .map_err(err)?;
-    if !delta
-        .log_store()
-        .is_delta_table_location()
-        .await
-        .map_err(err)?
-    {
-        return Ok(Compacted::default());
-    }
-    delta.load().await.map_err(err)?;
+    let err = read::table_error(table);
     let files: Vec<_> = delta
         .snapshot()
         .map_err(err)?
@@ -81,48 +56,15 @@ pub async fn compact_run(
         });
     }
     let schema = delta_schema(table);
-    let convert = |source| DeltaError::Convert {
-        table: name,
-        source,
-    };
     let store = delta.object_store();
-    let props = writer::writer_properties(&schema, row_group_rows.max(1));
     let mut out = RecordBatchWriter::for_table(&delta)
         .map_err(err)?
-        .with_writer_properties(props);
+        .with_writer_properties(writer::writer_properties(&schema, row_group_rows.max(1)));
     let mut rows = 0;
     for (path, _) in &files {
-        let bytes = store
-            .get(path)
-            .await
-            .map_err(|e| err(e.into()))?
-            .bytes()
-            .await
-            .map_err(|e| err(e.into()))?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .and_then(|b| b.build())
-            .map_err(|e| err(e.into()))?;
-        for batch in reader {
-            let batch = batch.map_err(convert)?;
-            let n = batch.num_rows();
-            let columns = schema
-                .fields()
-                .iter()
-                .map(|field| match batch.column_by_name(field.name()) {
-                    _ if field.name() == "run_id" => {
-                        let run: arrow::array::ArrayRef =
-                            std::sync::Arc::new(arrow::array::StringArray::from(vec![run_id; n]));
-                        cast(&run, field.data_type())
-                    }
-                    Some(column) => cast(column, field.data_type()),
-                    None => Ok(arrow::array::new_null_array(field.data_type(), n)),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(convert)?;
-            rows += n;
-            out.write(RecordBatch::try_new(schema.clone(), columns).map_err(convert)?)
-                .await
-                .map_err(err)?;
+        for batch in read::read_file(store.as_ref(), path, run_id, table, &schema).await? {
+            rows += batch.num_rows();
+            out.write(batch).await.map_err(err)?;
         }
     }
     let mut adds = out.flush().await.map_err(err)?;

@@ -11,8 +11,10 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, StringArray, new_null_array};
 use arrow::compute::cast;
-use deltalake::DeltaTableBuilder;
-use deltalake::logstore::object_store::ObjectStoreExt as _;
+use arrow::datatypes::SchemaRef;
+use deltalake::logstore::object_store::path::Path;
+use deltalake::logstore::object_store::{ObjectStore, ObjectStoreExt as _};
+use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use super::DeltaError;
@@ -22,34 +24,13 @@ use crate::table::{self, Table};
 /// Every row of `table` under `root`, typed as [`crate::table::schema`]; none
 /// when the table was never created.
 pub async fn read_table(root: &DeltaRoot, table: Table) -> Result<Vec<RecordBatch>, DeltaError> {
-    if let DeltaRoot::Local(dir) = root
-        && !dir.join(table.name()).is_dir()
-    {
+    let Some(delta) = open_table(root, table).await? else {
         return Ok(Vec::new());
-    }
-    let name = table.name();
-    let err = |source| DeltaError::Table {
-        table: name.to_string(),
-        source: Box::new(source),
     };
-    let url = root.table_url(name)?;
-    let mut delta = DeltaTableBuilder::from_url(url)
-        .map_err(err)?
-        .build()
-        .map_err(err)?;
-    if !delta
-        .log_store()
-        .is_delta_table_location()
-        .await
-        .map_err(err)?
-    {
-        return Ok(Vec::new());
-    }
-    delta.load().await.map_err(err)?;
     let store = delta.object_store();
     let files: Vec<_> = delta
         .snapshot()
-        .map_err(err)?
+        .map_err(table_error(table))?
         .log_data()
         .iter()
         .map(|file| {
@@ -63,41 +44,94 @@ pub async fn read_table(root: &DeltaRoot, table: Table) -> Result<Vec<RecordBatc
         })
         .collect();
     let schema = table::schema(table);
-    let convert = |source| DeltaError::Convert {
-        table: name,
-        source,
-    };
     let mut batches = Vec::new();
     for (path, run_id) in files {
-        let bytes = store
-            .get(&path)
-            .await
-            .map_err(|e| err(e.into()))?
-            .bytes()
-            .await
-            .map_err(|e| err(e.into()))?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .and_then(|b| b.build())
-            .map_err(|e| err(e.into()))?;
-        for batch in reader {
-            let batch = batch.map_err(convert)?;
-            let rows = batch.num_rows();
-            let columns = schema
-                .fields()
-                .iter()
-                .map(|field| match batch.column_by_name(field.name()) {
-                    _ if field.name() == "run_id" => {
-                        let run: ArrayRef =
-                            Arc::new(StringArray::from(vec![run_id.as_str(); rows]));
-                        cast(&run, field.data_type())
-                    }
-                    Some(column) => cast(column, field.data_type()),
-                    None => Ok(new_null_array(field.data_type(), rows)),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(convert)?;
-            batches.push(RecordBatch::try_new(schema.clone(), columns).map_err(convert)?);
-        }
+        batches.extend(read_file(store.as_ref(), &path, &run_id, table, &schema).await?);
+    }
+    Ok(batches)
+}
+
+/// The error of `table`'s Delta operations.
+pub(super) fn table_error(table: Table) -> impl Fn(DeltaTableError) -> DeltaError + Copy {
+    move |source| DeltaError::Table {
+        table: table.name().to_string(),
+        source: Box::new(source),
+    }
+}
+
+/// `table` under `root` at its current version; `None` when it was never
+/// created.
+pub(super) async fn open_table(
+    root: &DeltaRoot,
+    table: Table,
+) -> Result<Option<DeltaTable>, DeltaError> {
+    let name = table.name();
+    if let DeltaRoot::Local(dir) = root
+        && !dir.join(name).is_dir()
+    {
+        return Ok(None);
+    }
+    let err = table_error(table);
+    let url = root.table_url(name)?;
+    let mut delta = DeltaTableBuilder::from_url(url)
+        .map_err(err)?
+        .build()
+        .map_err(err)?;
+    if !delta
+        .log_store()
+        .is_delta_table_location()
+        .await
+        .map_err(err)?
+    {
+        return Ok(None);
+    }
+    delta.load().await.map_err(err)?;
+    Ok(Some(delta))
+}
+
+/// The rows of one data file of `table` (run `run_id`), typed as `schema`: the
+/// `run_id` column put back from the partition value, the other columns cast,
+/// columns the file lacks null.
+pub(super) async fn read_file(
+    store: &dyn ObjectStore,
+    path: &Path,
+    run_id: &str,
+    table: Table,
+    schema: &SchemaRef,
+) -> Result<Vec<RecordBatch>, DeltaError> {
+    let err = table_error(table);
+    let convert = |source| DeltaError::Convert {
+        table: table.name(),
+        source,
+    };
+    let bytes = store
+        .get(path)
+        .await
+        .map_err(|e| err(e.into()))?
+        .bytes()
+        .await
+        .map_err(|e| err(e.into()))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .and_then(|b| b.build())
+        .map_err(|e| err(e.into()))?;
+    let mut batches = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(convert)?;
+        let rows = batch.num_rows();
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|field| match batch.column_by_name(field.name()) {
+                _ if field.name() == "run_id" => {
+                    let run: ArrayRef = Arc::new(StringArray::from(vec![run_id; rows]));
+                    cast(&run, field.data_type())
+                }
+                Some(column) => cast(column, field.data_type()),
+                None => Ok(new_null_array(field.data_type(), rows)),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(convert)?;
+        batches.push(RecordBatch::try_new(schema.clone(), columns).map_err(convert)?);
     }
     Ok(batches)
 }

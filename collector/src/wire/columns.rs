@@ -18,12 +18,13 @@ use arrow::array::{
 use arrow::buffer::{NullBuffer, ScalarBuffer};
 use rankscope_proto::columns::{ABSENT_FIELD, ColumnsError, STRING_FIELDS, STRINGS_FIELD, rows_of};
 
-use super::{Malformed, ROW_DEPTH, expect_wire, fixed64, key, length_delimited, skip, varint};
-use crate::table::{self, Kind, Table};
+use super::{
+    Malformed, ROW_DEPTH, UNKNOWN, WIRE_TYPES, expect_wire, fixed64, key, length_delimited, skip,
+    varint,
+};
+use crate::table::{self, Kind, MAX_FIELD, Table};
 use crate::validate::Invalid;
 
-/// One past the highest column field number.
-const FIELDS: usize = 26;
 
 /// A read `LayerColumns` entry: its columns in file order (head columns aside),
 /// or why it was refused.
@@ -35,50 +36,47 @@ pub struct Chunk {
     pub invalid: Option<Invalid>,
 }
 
-/// The wire type of a column's unpacked values (1 for doubles, 0 for the rest),
-/// by field number; `None` for numbers that are no column.
-fn value_wire(field: u32) -> Option<u8> {
+/// The slot of `absent`'s values, after those of the columns (by field number).
+const ABSENT_SLOT: usize = MAX_FIELD;
+
+/// Where a field's values go and the wire type of one unpacked value: the
+/// column's slot (its field number; [`ABSENT_SLOT`] for `absent`), and 1 for a
+/// double, 0 for the rest (a string column's values are indexes). `None` for
+/// numbers that are no column. From the `layers` row's wire types, the one
+/// list of them.
+fn column(field: u32) -> Option<(usize, u8)> {
+    let f = field as usize;
     match field {
-        ABSENT_FIELD => Some(0),
-        f if (f as usize) < FIELDS => table::columns(Table::Layers)
-            .iter()
-            .find(|c| c.field == f)
-            .map(|c| match c.kind {
-                Kind::F32 | Kind::F64 => 1,
-                _ => 0,
-            }),
+        ABSENT_FIELD => Some((ABSENT_SLOT, 0)),
+        _ if f < MAX_FIELD => match WIRE_TYPES[Table::Layers.index()][f] {
+            UNKNOWN => None,
+            1 => Some((f, 1)),
+            _ => Some((f, 0)),
+        },
         _ => None,
     }
-}
-
-/// The value wire type of every field number below [`FIELDS`] and of `absent`.
-fn value_wires() -> [Option<u8>; FIELDS] {
-    std::array::from_fn(|f| value_wire(f as u32))
 }
 
 /// Values counted on the wire per column of one entry, for the memory bound:
 /// its longest column, or its dictionary if that is longer. `Err` where the
 /// structure cannot be followed.
 pub fn rows_on_wire(mut buf: &[u8]) -> Result<usize, Malformed> {
-    let wires = value_wires();
-    let mut counts = [0usize; FIELDS + 1];
+    let mut counts = [0usize; ABSENT_SLOT + 1];
     let mut strings = 0;
     while !buf.is_empty() {
         let (field, wire) = key(&mut buf)?;
-        let slot = slot(field);
-        let expected = slot.and_then(|s| if s == FIELDS { Some(0) } else { wires[s] });
-        match (slot, expected, wire) {
-            (Some(s), Some(_), 2) => {
+        match column(field) {
+            Some((slot, value_wire)) if wire == 2 => {
                 let packed = length_delimited(&mut buf)?;
-                counts[s] += if expected == Some(1) {
+                counts[slot] += if value_wire == 1 {
                     packed.len().div_ceil(8)
                 } else {
                     packed.iter().filter(|&&b| b < 0x80).count() + 1
                 };
             }
-            (Some(s), Some(w), _) if w == wire => {
+            Some((slot, value_wire)) if wire == value_wire => {
                 skip(&mut buf, field, wire, ROW_DEPTH)?;
-                counts[s] += 1;
+                counts[slot] += 1;
             }
             _ if field == STRINGS_FIELD => {
                 skip(&mut buf, field, wire, ROW_DEPTH)?;
@@ -90,26 +88,15 @@ pub fn rows_on_wire(mut buf: &[u8]) -> Result<usize, Malformed> {
     Ok(counts.into_iter().max().unwrap_or(0).max(strings))
 }
 
-/// The slot of a column field number: its number, and [`FIELDS`] for `absent`.
-fn slot(field: u32) -> Option<usize> {
-    match field {
-        ABSENT_FIELD => Some(FIELDS),
-        f if (f as usize) < FIELDS => Some(f as usize),
-        _ => None,
-    }
-}
-
 /// Reads one entry. `Ok(Err(_))`: a well-formed message whose columns cannot
 /// be read as rows, refused whole.
 pub fn read(mut buf: &[u8]) -> Result<Result<Chunk, ColumnsError>, Malformed> {
-    let wires = value_wires();
-    let mut values: Vec<Vec<u64>> = vec![Vec::new(); FIELDS + 1];
+    let mut values: Vec<Vec<u64>> = vec![Vec::new(); ABSENT_SLOT + 1];
     let mut strings: Vec<&str> = Vec::new();
     while !buf.is_empty() {
         let (field, wire) = key(&mut buf)?;
-        let expected = slot(field).and_then(|s| if s == FIELDS { Some(0) } else { wires[s] });
-        match (slot(field), expected) {
-            (Some(s), Some(value_wire)) => {
+        match column(field) {
+            Some((s, value_wire)) => {
                 let column = &mut values[s];
                 if wire == 2 {
                     let mut packed = length_delimited(&mut buf)?;
@@ -154,10 +141,10 @@ pub fn read(mut buf: &[u8]) -> Result<Result<Chunk, ColumnsError>, Malformed> {
 
 /// The columns as Arrow arrays, after the checks of `LayerColumns::into_rows`.
 fn build(mut values: Vec<Vec<u64>>, strings: &[&str]) -> Result<Chunk, ColumnsError> {
-    let lengths: Vec<(u32, usize)> = (1..FIELDS)
-        .filter(|&f| value_wire(f as u32).is_some())
+    let lengths: Vec<(u32, usize)> = (1..MAX_FIELD)
+        .filter(|&f| column(f as u32).is_some())
         .map(|f| (f as u32, values[f].len()))
-        .chain([(ABSENT_FIELD, values[FIELDS].len())])
+        .chain([(ABSENT_FIELD, values[ABSENT_SLOT].len())])
         .collect();
     let n = rows_of(&lengths)?;
     // Indexes into the dictionary: the first bad one in row order, then column order.
@@ -179,7 +166,7 @@ fn build(mut values: Vec<Vec<u64>>, strings: &[&str]) -> Result<Chunk, ColumnsEr
         });
     }
     let invalid = first_invalid(&values, strings, n);
-    let absent = std::mem::take(&mut values[FIELDS]);
+    let absent = std::mem::take(&mut values[ABSENT_SLOT]);
     let any_absent = absent
         .iter()
         .fold(0u64, |acc, &a| acc | u64::from(a as u32));
