@@ -25,7 +25,6 @@ use super::{
 use crate::table::{self, Kind, MAX_FIELD, Table};
 use crate::validate::Invalid;
 
-
 /// A read `LayerColumns` entry: its columns in file order (head columns aside),
 /// or why it was refused.
 #[derive(Debug)]
