@@ -3,8 +3,8 @@
 //! `rankscope loadgen` ranks, and the real DuckDB reads every table through its
 //! delta extension (`delta_scan`): the counts equal what the ranks sent, with
 //! collectors SIGKILLed at random points and restarted, and with the S3 server
-//! answering nothing for 10 s; the Python `deltalake` package reads the same
-//! rows. Refused credentials, a bucket that does not
+//! answering nothing for 10 s; the Python `deltalake` package and `rankscope
+//! summary` read the same rows. Refused credentials, a bucket that does not
 //! exist or an endpoint that does not answer stops the collector at start with
 //! an error that names what to fix.
 //!
@@ -276,6 +276,17 @@ fn four_collectors_commit_to_one_bucket_and_duckdb_reads_every_row_once_after_ki
     let root = "s3://rankscope/runs";
     run_with_kills(Path::new(root), &s3.env(), 4, 16, 5);
     assert_exact(root, 16, Some(&s3));
+    // `rankscope summary` reads the tables from the bucket too.
+    let output = Command::new(bin("rankscope"))
+        .args(["summary", "--out", root])
+        .envs(s3.env())
+        .output()
+        .expect("run rankscope summary");
+    let summary = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{summary}");
+    assert!(summary.contains("delta-run"), "{summary}");
+    assert!(summary.contains(&STEPS.to_string()), "{summary}");
 }
 
 #[test]

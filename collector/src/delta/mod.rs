@@ -65,7 +65,8 @@
 //!   check that names the variable to fix, the watermark lookups) and
 //!   [`DeltaError`];
 //! - [`commit`]: one collector commit ([`DeltaStore::commit`]);
-//! - [`read`]: a table read back as the collector's rows, for the reports;
+//! - [`read`]: a table as a DataFusion table of the collector's schema, for
+//!   the reports;
 //! - [`compact`]: a finished run's files merged (`rankscope compact`).
 
 pub mod commit;
@@ -204,12 +205,19 @@ pub fn choose_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// Registers with delta-rs the object stores of this build (S3), so that a
+/// table URL of theirs opens; every entry point that opens a table calls it
+/// first, and later calls do nothing new.
+pub(crate) fn register_handlers() {
+    deltalake::aws::register_handlers(None);
+}
+
 impl DeltaStore {
     /// Opens every table under `root`, creating the missing ones. An object
     /// store that cannot be reached, refuses the credentials or lacks the bucket
     /// is an error naming the variable to fix.
     pub async fn open(root: &DeltaRoot, row_group_rows: usize) -> Result<DeltaStore, DeltaError> {
-        deltalake::aws::register_handlers(None);
+        register_handlers();
         choose_tls_provider();
         let mut targets = Vec::new();
         let names = Table::ALL
