@@ -8,10 +8,8 @@
 //! run is still going. `run_id` is a column of every file, so it is not declared
 //! as a partition column.
 //!
-//! A Delta output (`delta:PATH`, `s3://BUCKET/PREFIX`) is read through
-//! delta-rs's DataFusion table provider, under a projection to the same schema
-//! ([`rankscope_collector::delta::read::table_provider`]): files are read as a
-//! query runs, as a folder's are.
+//! A Delta output (`delta:PATH`, `s3://BUCKET/PREFIX`) is read through the
+//! collector's Delta reader into memory tables of the same schema.
 //!
 //! [`Dataset::run_data`] reads a run into the plain rows the diagnoses take
 //! ([`RunData`]); `summary`, `report` and `compare` run their aggregates as SQL.
@@ -116,18 +114,19 @@ impl Dataset {
         Ok(Dataset { ctx, runtime, out })
     }
 
-    /// Opens the Delta tables under `root`, each at its current version
-    /// ([`rankscope_collector::delta::read::table_provider`]).
+    /// Opens the Delta tables under `root`: each read whole into memory (through
+    /// [`rankscope_collector::delta::read::read_table`], the files of the table's
+    /// current version), as the reports read a run whole anyway.
     #[cfg(feature = "delta")]
     fn open_delta(out: &Path, root: &DeltaRoot) -> anyhow::Result<Dataset> {
-        use rankscope_collector::delta::read::table_provider;
         let (ctx, runtime) = Dataset::session()?;
         for table in Table::ALL {
             let name = table.name();
-            let provider = runtime
-                .block_on(table_provider(root, table))
-                .with_context(|| format!("cannot open the Delta table {name} under {root}"))?;
-            ctx.register_table(name, provider)?;
+            let batches = runtime
+                .block_on(rankscope_collector::delta::read::read_table(root, table))
+                .with_context(|| format!("cannot read the Delta table {name} under {root}"))?;
+            let memory = MemTable::try_new(table::schema(table), vec![batches])?;
+            ctx.register_table(name, Arc::new(memory))?;
         }
         Ok(Dataset {
             ctx,

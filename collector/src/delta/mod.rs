@@ -65,8 +65,7 @@
 //!   check that names the variable to fix, the watermark lookups) and
 //!   [`DeltaError`];
 //! - [`commit`]: one collector commit ([`DeltaStore::commit`]);
-//! - [`read`]: a table as a DataFusion table of the collector's schema, for
-//!   the reports;
+//! - [`read`]: a table read back as the collector's rows, for the reports;
 //! - [`compact`]: a finished run's files merged (`rankscope compact`).
 
 pub mod commit;

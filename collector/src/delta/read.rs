@@ -1,25 +1,17 @@
-//! A Delta table as the query layer of `rankscope report`, `summary` and
-//! `compare` reads it ([`table_provider`]), and the pieces `compact` shares.
+//! Reading a Delta table back as the collector's rows ([`read_table`]), for the
+//! query layer of `rankscope report`, `summary` and `compare`.
 //!
-//! The query layer reads through delta-rs's DataFusion table provider: the
-//! files of the table's current version (never an uncommitted one), streamed
-//! file by file, with `run_id` from each file's partition value and filters on
-//! it skipping the other runs' files. A projection on top gives every column
-//! the type of [`crate::table::schema`] (Delta stores the unsigned columns as
-//! `long`) in the collector's order, so the query layer sees the columns a
-//! folder output gives it.
+//! It reads the files the table's current version names (never an uncommitted
+//! one), puts back the `run_id` column from each file's partition value (Delta
+//! keeps partition values in the log, not in the files) and casts every column
+//! to the type of [`crate::table::schema`], so the query layer sees the rows as
+//! a folder output gives them.
 
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, StringArray, new_null_array};
 use arrow::compute::cast;
 use arrow::datatypes::SchemaRef;
-use deltalake::datafusion::catalog::TableProvider;
-use deltalake::datafusion::catalog::view::ViewTable;
-use deltalake::datafusion::common::ScalarValue;
-use deltalake::datafusion::datasource::{MemTable, provider_as_source};
-use deltalake::datafusion::logical_expr::{Expr, LogicalPlanBuilder, cast as cast_expr};
-use deltalake::datafusion::prelude::{ident, lit};
 use deltalake::logstore::object_store::path::Path;
 use deltalake::logstore::object_store::{ObjectStore, ObjectStoreExt as _};
 use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
@@ -29,44 +21,34 @@ use super::DeltaError;
 use crate::output::DeltaRoot;
 use crate::table::{self, Table};
 
-/// `table` under `root` at its current version, as a DataFusion table of
-/// [`crate::table::schema`] that reads the files when a query runs; an empty
-/// one of that schema when the table was never created. A column the table
-/// lacks (written by an older release) reads as null.
-pub async fn table_provider(
-    root: &DeltaRoot,
-    table: Table,
-) -> Result<Arc<dyn TableProvider>, DeltaError> {
-    let schema = table::schema(table);
-    let err = table_error(table);
-    let query = |source: deltalake::datafusion::error::DataFusionError| err(source.into());
+/// Every row of `table` under `root`, typed as [`crate::table::schema`]; none
+/// when the table was never created.
+pub async fn read_table(root: &DeltaRoot, table: Table) -> Result<Vec<RecordBatch>, DeltaError> {
     let Some(delta) = open_table(root, table).await? else {
-        return Ok(Arc::new(
-            MemTable::try_new(schema, vec![vec![]]).map_err(query)?,
-        ));
+        return Ok(Vec::new());
     };
-    let scan = delta.table_provider().await.map_err(query)?;
-    let stored = scan.schema();
-    let columns = schema
-        .fields()
+    let store = delta.object_store();
+    let files: Vec<_> = delta
+        .snapshot()
+        .map_err(table_error(table))?
+        .log_data()
         .iter()
-        .map(|field| {
-            let name = field.name();
-            let want = field.data_type();
-            let value = match stored.field_with_name(name) {
-                Ok(have) if have.data_type() == want => ident(name),
-                Ok(_) => cast_expr(ident(name), want.clone()),
-                Err(_) => lit(ScalarValue::try_from(want)?),
-            };
-            Ok(value.alias(name))
+        .map(|file| {
+            let run_id = file
+                .partition_values_map()
+                .get("run_id")
+                .cloned()
+                .flatten()
+                .unwrap_or_default();
+            (file.object_store_path(), run_id)
         })
-        .collect::<Result<Vec<Expr>, _>>()
-        .map_err(query)?;
-    let plan = LogicalPlanBuilder::scan(table.name(), provider_as_source(scan), None)
-        .and_then(|plan| plan.project(columns))
-        .and_then(|plan| plan.build())
-        .map_err(query)?;
-    Ok(Arc::new(ViewTable::new(plan, None)))
+        .collect();
+    let schema = table::schema(table);
+    let mut batches = Vec::new();
+    for (path, run_id) in files {
+        batches.extend(read_file(store.as_ref(), &path, &run_id, table, &schema).await?);
+    }
+    Ok(batches)
 }
 
 /// The error of `table`'s Delta operations.
