@@ -7,9 +7,10 @@
 //! - `s3://BUCKET/PREFIX` (also `s3a://`): the same Delta tables on S3 or an
 //!   S3-compatible server, with the credentials and endpoint of the standard
 //!   `AWS_*` variables;
-//! - `gs://BUCKET/PREFIX`, `az://CONTAINER/PREFIX`, `abfss://…`: the URL schemes
-//!   object_store names for GCS and Azure, refused with the fix in this build
-//!   (only S3 is compiled in and tested).
+//! - `gs://BUCKET/PREFIX` (GCS) and `az://CONTAINER/PREFIX` (Azure; also
+//!   `abfs://`, `abfss://`, `adl://`, `azure://`): the same Delta tables, with
+//!   object_store's `GOOGLE_*` and `AZURE_*` variables. Compiled in, but tested
+//!   against S3 only (docs/past-one-machine.md).
 //!
 //! Parsing needs no feature: a build without `delta` refuses a Delta output when
 //! the collector starts, naming the feature to build with.
@@ -34,13 +35,15 @@ pub enum Output {
 pub enum DeltaRoot {
     /// A folder on a local or shared disk (`delta:PATH`).
     Local(PathBuf),
-    /// An object store URL (`s3://bucket/prefix`), without a trailing slash.
+    /// An object store URL (`s3://bucket/prefix`, `gs://…`, `az://…`), without
+    /// a trailing slash.
     Url(String),
 }
 
 impl Output {
-    /// Reads `--out`: `delta:PATH`, `s3://BUCKET/PREFIX` or a plain path. A
-    /// URL scheme this build cannot write is an error naming the ones it can.
+    /// Reads `--out`: `delta:PATH`, an object store URL (`s3://`, `gs://`,
+    /// `az://`…) or a plain path. A URL scheme this build cannot write is an
+    /// error naming the ones it can.
     pub fn parse(text: &str) -> Result<Output, String> {
         if text.is_empty() {
             return Err("--out is empty: give a folder, delta:PATH or s3://BUCKET/PREFIX".into());
@@ -56,28 +59,27 @@ impl Output {
         let Some((scheme, rest)) = text.split_once("://") else {
             return Ok(Output::Dir(PathBuf::from(text)));
         };
-        match scheme {
-            "s3" | "s3a" => {
-                let bucket = rest.split('/').next().unwrap_or("");
-                if bucket.is_empty() {
-                    return Err(format!(
-                        "--out {text} names no bucket: give s3://BUCKET/PREFIX"
-                    ));
-                }
-                Ok(Output::Delta(DeltaRoot::Url(
-                    text.trim_end_matches('/').to_string(),
-                )))
+        let (store, container) = match scheme {
+            "s3" | "s3a" => ("S3", "bucket"),
+            "gs" => ("GCS", "bucket"),
+            "az" | "abfs" | "abfss" | "adl" | "azure" => ("Azure", "container"),
+            "file" => return Ok(Output::Delta(DeltaRoot::Local(PathBuf::from(rest)))),
+            _ => {
+                return Err(format!(
+                    "--out {text}: unknown scheme {scheme}://; give a folder, delta:PATH, \
+                     s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX"
+                ));
             }
-            "gs" | "az" | "abfs" | "abfss" | "adl" | "azure" => Err(format!(
-                "--out {text}: this rankscope writes Delta tables to S3 (s3://) and local disks \
-                 (delta:PATH) only; GCS and Azure need a build with deltalake's gcs or azure \
-                 feature, not compiled in here (docs/past-one-machine.md)"
-            )),
-            "file" => Ok(Output::Delta(DeltaRoot::Local(PathBuf::from(rest)))),
-            _ => Err(format!(
-                "--out {text}: unknown scheme {scheme}://; give a folder, delta:PATH or s3://BUCKET/PREFIX"
-            )),
+        };
+        if rest.split('/').next().unwrap_or("").is_empty() {
+            let upper = container.to_uppercase();
+            return Err(format!(
+                "--out {text} names no {container}: give {scheme}://{upper}/PREFIX ({store})"
+            ));
         }
+        Ok(Output::Delta(DeltaRoot::Url(
+            text.trim_end_matches('/').to_string(),
+        )))
     }
 
     /// The local folder written to, whose free space `--min-free-bytes` watches;
@@ -137,7 +139,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn out_reads_a_folder_a_local_delta_root_and_an_s3_url() {
+    fn out_reads_a_folder_a_local_delta_root_and_object_store_urls() {
         assert_eq!(
             Output::parse("rankscope-out"),
             Ok(Output::Dir("rankscope-out".into()))
@@ -155,6 +157,16 @@ mod tests {
             "s3://bucket/runs"
         );
         assert_eq!(Output::parse("delta:x").unwrap().to_string(), "delta:x");
+        for url in [
+            "gs://bucket/runs",
+            "az://container/runs",
+            "abfss://container@account.dfs.core.windows.net/runs",
+        ] {
+            assert_eq!(
+                Output::parse(&format!("{url}/")),
+                Ok(Output::Delta(DeltaRoot::Url(url.into())))
+            );
+        }
     }
 
     #[test]
@@ -164,7 +176,8 @@ mod tests {
             ("delta:", "names no folder"),
             ("s3://", "names no bucket"),
             ("s3:///prefix", "names no bucket"),
-            ("gs://bucket/p", "gcs or azure feature"),
+            ("gs://", "give gs://BUCKET/PREFIX"),
+            ("az:///p", "names no container: give az://CONTAINER/PREFIX"),
             ("ftp://host/p", "unknown scheme ftp://"),
         ] {
             let error = Output::parse(text).unwrap_err();

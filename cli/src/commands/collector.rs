@@ -31,7 +31,7 @@ the token. The gRPC port always serves the standard health service
 (grpc.health.v1.Health), with the same readiness.
 
 Files appear as OUT/<table>/run_id=<run>/part-*.parquet (tables: runs, ranks, steps,
-layers, model, events, comm). With delta:PATH or s3://BUCKET/PREFIX each table is the
+layers, model, events, comm). With delta:PATH or s3://BUCKET/PREFIX (or gs://, az://) each table is the
 Delta table PATH/<table>, partitioned by run_id, each commit one Delta transaction
 (docs/past-one-machine.md). On SIGTERM or Ctrl-C the collector commits and acknowledges
 everything it accepted, then exits 0.")]
@@ -43,8 +43,8 @@ pub struct Args {
     /// Where to write: a folder (hive-partitioned Parquet), `delta:PATH` (one
     /// Delta Lake table per table under PATH) or `s3://BUCKET/PREFIX` (the same
     /// Delta tables on S3, with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-    /// AWS_REGION, AWS_ENDPOINT_URL and AWS_ALLOW_HTTP); see
-    /// docs/past-one-machine.md.
+    /// AWS_REGION, AWS_ENDPOINT_URL and AWS_ALLOW_HTTP); also `gs://BUCKET/PREFIX`
+    /// (GCS) and `az://CONTAINER/PREFIX` (Azure); see docs/past-one-machine.md.
     #[arg(long, default_value = CollectorConfig::DEFAULT_OUT, env = "RANKSCOPE_OUT", value_parser = Output::parse)]
     pub out: Output,
     /// Close a file at most this long after its first row (data is queryable then).

@@ -18,7 +18,8 @@ see the same rows before and after. The old files stay on storage, unreferenced,
 VACUUM older than its retention deletes them (docs/past-one-machine.md). Compact runs that
 have finished: files a collector adds meanwhile stay as they are.")]
 pub struct Args {
-    /// The collector's Delta tables: `delta:PATH` or `s3://BUCKET/PREFIX`.
+    /// The collector's Delta tables: `delta:PATH` or an object store URL
+    /// (`s3://BUCKET/PREFIX`, `gs://…`, `az://…`).
     #[arg(long, value_parser = Output::parse)]
     pub out: Output,
     /// The run whose files to merge.

@@ -1,5 +1,6 @@
 //! The Delta Lake output: every table a Delta table (delta-rs), on a local or
-//! shared disk (`--out delta:PATH`) or object storage (`--out s3://BUCKET/PREFIX`).
+//! shared disk (`--out delta:PATH`) or object storage (`--out s3://BUCKET/PREFIX`,
+//! and GCS's `gs://` and Azure's `az://`, compiled in but tested on S3 only).
 //!
 //! # Layout
 //!
@@ -188,7 +189,8 @@ impl DeltaRoot {
             }
             DeltaRoot::Url(root) => Url::parse(&format!("{root}/{name}/")).map_err(|e| {
                 DeltaError::Start(format!(
-                    "--out {root}: not a valid URL ({e}); give s3://BUCKET/PREFIX"
+                    "--out {root}: not a valid URL ({e}); give s3://BUCKET/PREFIX, \
+                     gs://BUCKET/PREFIX or az://CONTAINER/PREFIX"
                 ))
             }),
         }
@@ -204,11 +206,13 @@ pub fn choose_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Registers with delta-rs the object stores of this build (S3), so that a
-/// table URL of theirs opens; every entry point that opens a table calls it
-/// first, and later calls do nothing new.
+/// Registers with delta-rs the object stores of this build (S3, GCS, Azure),
+/// so that a table URL of theirs opens; every entry point that opens a table
+/// calls it first, and later calls do nothing new.
 pub(crate) fn register_handlers() {
     deltalake::aws::register_handlers(None);
+    deltalake::gcp::register_handlers(None);
+    deltalake::azure::register_handlers(None);
 }
 
 impl DeltaStore {
@@ -331,21 +335,92 @@ pub(crate) async fn lookup(target: &mut Target, key: &RankKey) -> Result<u64, De
     Ok(version)
 }
 
+/// The object store of a root, for the start-up messages: each names its own
+/// variables (object_store's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cloud {
+    S3,
+    Gcs,
+    Azure,
+}
+
+impl Cloud {
+    fn of(root: &DeltaRoot) -> Cloud {
+        match root {
+            DeltaRoot::Url(url) if url.starts_with("gs://") => Cloud::Gcs,
+            DeltaRoot::Url(url) if !url.starts_with("s3") => Cloud::Azure,
+            _ => Cloud::S3,
+        }
+    }
+
+    /// What to set for credentials.
+    fn credentials(self) -> &'static str {
+        match self {
+            Cloud::S3 => "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)",
+            Cloud::Gcs => {
+                "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (a service account \
+                 key file; without one the client asks the metadata server of a Google Cloud \
+                 machine)"
+            }
+            Cloud::Azure => {
+                "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or \
+                 AZURE_STORAGE_SAS_KEY; without a key the client asks the managed identity \
+                 endpoint of an Azure machine)"
+            }
+        }
+    }
+
+    /// The variable that overrides the endpoint.
+    fn endpoint(self) -> &'static str {
+        match self {
+            Cloud::S3 => "AWS_ENDPOINT_URL",
+            Cloud::Gcs => "GOOGLE_BASE_URL",
+            Cloud::Azure => "AZURE_STORAGE_ENDPOINT",
+        }
+    }
+
+    /// The variable that allows an `http://` endpoint.
+    fn allow_http(self) -> &'static str {
+        match self {
+            Cloud::S3 => "AWS_ALLOW_HTTP",
+            Cloud::Gcs => "GOOGLE_ALLOW_HTTP",
+            Cloud::Azure => "AZURE_ALLOW_HTTP",
+        }
+    }
+
+    /// What a root's first path segment is called.
+    fn bucket(self) -> &'static str {
+        match self {
+            Cloud::Azure => "container",
+            Cloud::S3 | Cloud::Gcs => "bucket",
+        }
+    }
+}
+
 /// The message for an object store that did not answer.
 fn unreachable_message(root: &DeltaRoot, what: &str) -> String {
-    let endpoint =
-        std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "(unset: AWS's own)".into());
+    let cloud = Cloud::of(root);
+    let variable = cloud.endpoint();
+    let endpoint = std::env::var(variable).unwrap_or_else(|_| "(unset: the provider's own)".into());
+    let credentials = match cloud {
+        Cloud::S3 => String::new(),
+        _ => format!(", and that {} is set", cloud.credentials()),
+    };
+    let allow_http = cloud.allow_http();
     format!(
-        "cannot reach the object store for --out {root} ({what}): check AWS_ENDPOINT_URL={endpoint} \
-         (and AWS_ALLOW_HTTP=true for an http:// endpoint) and that the server runs"
+        "cannot reach the object store for --out {root} ({what}): check {variable}={endpoint} \
+         (and {allow_http}=true for an http:// endpoint) and that the server runs{credentials}"
     )
 }
 
 /// A start-up failure in words that name the variable or flag to fix.
 fn start_error(root: &DeltaRoot, name: &str, source: DeltaTableError) -> DeltaError {
-    let text = format!("{source:?}");
+    let cloud = Cloud::of(root);
+    let credentials = cloud.credentials();
+    let text = format!("{source:?} {source}");
     let has = |needle: &str| text.contains(needle);
-    let message = if has("NoSuchBucket") || has("bucket does not exist") {
+    let message = if has("NoSuchBucket") || has("bucket does not exist") || has("ContainerNotFound")
+    {
         let bucket = match root {
             DeltaRoot::Url(url) => url
                 .split("://")
@@ -355,28 +430,34 @@ fn start_error(root: &DeltaRoot, name: &str, source: DeltaTableError) -> DeltaEr
                 .to_string(),
             DeltaRoot::Local(_) => String::new(),
         };
+        let kind = cloud.bucket();
         format!(
-            "the bucket {bucket} of --out {root} does not exist: create it, or fix the bucket in --out"
+            "the {kind} {bucket} of --out {root} does not exist: create it, or fix the {kind} in --out"
         )
+    } else if has("Account must be specified") {
+        format!("no storage account for --out {root}: set {credentials} ({source})")
     } else if has("InvalidAccessKeyId")
         || has("SignatureDoesNotMatch")
         || has("AccessDenied")
+        || has("AuthenticationFailed")
         || has("403")
         || has("Forbidden")
     {
+        let region = if cloud == Cloud::S3 {
+            " (and AWS_REGION)"
+        } else {
+            ""
+        };
         format!(
-            "the object store refused the credentials for --out {root}: check AWS_ACCESS_KEY_ID \
-             and AWS_SECRET_ACCESS_KEY (and AWS_REGION) ({source})"
+            "the object store refused the credentials for --out {root}: check {credentials}\
+             {region} ({source})"
         )
     } else if has("MissingCredentials")
-        || has("credentials")
-        || has("Credentials")
+        || has("redential")
         || has("169.254.169.254")
+        || (cloud != Cloud::S3 && has("etadata"))
     {
-        format!(
-            "no credentials for --out {root}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY \
-             (or AWS_PROFILE) ({source})"
-        )
+        format!("no credentials for --out {root}: set {credentials} ({source})")
     } else if has("error sending request")
         || has("Connection refused")
         || has("connect")
