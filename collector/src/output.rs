@@ -40,6 +40,83 @@ pub enum DeltaRoot {
     Url(String),
 }
 
+/// The object store behind a Delta root URL, from its scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloudStore {
+    /// `s3://`, `s3a://`: S3 or an S3-compatible server.
+    S3,
+    /// `gs://`: Google Cloud Storage.
+    Gcs,
+    /// `az://`, `abfs://`, `abfss://`, `adl://`, `azure://`: Azure Blob Storage
+    /// or ADLS Gen2.
+    Azure,
+}
+
+impl CloudStore {
+    /// The store of URL scheme `scheme`; `None` for one this build cannot write.
+    pub fn of_scheme(scheme: &str) -> Option<CloudStore> {
+        match scheme {
+            "s3" | "s3a" => Some(CloudStore::S3),
+            "gs" => Some(CloudStore::Gcs),
+            "az" | "abfs" | "abfss" | "adl" | "azure" => Some(CloudStore::Azure),
+            _ => None,
+        }
+    }
+
+    /// What a root URL's first path segment is called.
+    pub fn bucket(self) -> &'static str {
+        match self {
+            CloudStore::Azure => "container",
+            CloudStore::S3 | CloudStore::Gcs => "bucket",
+        }
+    }
+
+    /// What to set for credentials (object_store's variables).
+    pub fn credentials(self) -> &'static str {
+        match self {
+            CloudStore::S3 => "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)",
+            CloudStore::Gcs => {
+                "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (a service account \
+                 key file; without one the client asks the metadata server of a Google Cloud \
+                 machine)"
+            }
+            CloudStore::Azure => {
+                "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or \
+                 AZURE_STORAGE_SAS_KEY; without a key the client asks the managed identity \
+                 endpoint of an Azure machine)"
+            }
+        }
+    }
+
+    /// The variable that overrides the endpoint.
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            CloudStore::S3 => "AWS_ENDPOINT_URL",
+            CloudStore::Gcs => "GOOGLE_BASE_URL",
+            CloudStore::Azure => "AZURE_STORAGE_ENDPOINT",
+        }
+    }
+
+    /// The variable that allows an `http://` endpoint.
+    pub fn allow_http(self) -> &'static str {
+        match self {
+            CloudStore::S3 => "AWS_ALLOW_HTTP",
+            CloudStore::Gcs => "GOOGLE_ALLOW_HTTP",
+            CloudStore::Azure => "AZURE_ALLOW_HTTP",
+        }
+    }
+}
+
+impl DeltaRoot {
+    /// The object store of the root; `None` for a local disk.
+    pub fn store(&self) -> Option<CloudStore> {
+        match self {
+            DeltaRoot::Local(_) => None,
+            DeltaRoot::Url(url) => CloudStore::of_scheme(url.split_once("://")?.0),
+        }
+    }
+}
+
 impl Output {
     /// Reads `--out`: `delta:PATH`, an object store URL (`s3://`, `gs://`,
     /// `az://`…) or a plain path. A URL scheme this build cannot write is an
@@ -59,22 +136,20 @@ impl Output {
         let Some((scheme, rest)) = text.split_once("://") else {
             return Ok(Output::Dir(PathBuf::from(text)));
         };
-        let (store, container) = match scheme {
-            "s3" | "s3a" => ("S3", "bucket"),
-            "gs" => ("GCS", "bucket"),
-            "az" | "abfs" | "abfss" | "adl" | "azure" => ("Azure", "container"),
-            "file" => return Ok(Output::Delta(DeltaRoot::Local(PathBuf::from(rest)))),
-            _ => {
-                return Err(format!(
-                    "--out {text}: unknown scheme {scheme}://; give a folder, delta:PATH, \
-                     s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX"
-                ));
-            }
+        if scheme == "file" {
+            return Ok(Output::Delta(DeltaRoot::Local(PathBuf::from(rest))));
+        }
+        let Some(store) = CloudStore::of_scheme(scheme) else {
+            return Err(format!(
+                "--out {text}: unknown scheme {scheme}://; give a folder, delta:PATH, \
+                 s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX"
+            ));
         };
         if rest.split('/').next().unwrap_or("").is_empty() {
-            let upper = container.to_uppercase();
+            let bucket = store.bucket();
+            let upper = bucket.to_uppercase();
             return Err(format!(
-                "--out {text} names no {container}: give {scheme}://{upper}/PREFIX ({store})"
+                "--out {text} names no {bucket}: give {scheme}://{upper}/PREFIX"
             ));
         }
         Ok(Output::Delta(DeltaRoot::Url(
@@ -166,6 +241,24 @@ mod tests {
                 Output::parse(&format!("{url}/")),
                 Ok(Output::Delta(DeltaRoot::Url(url.into())))
             );
+        }
+    }
+
+    #[test]
+    fn a_root_names_its_object_store() {
+        for (text, store) in [
+            ("s3a://b/p", Some(CloudStore::S3)),
+            ("gs://b/p", Some(CloudStore::Gcs)),
+            (
+                "abfss://c@account.dfs.core.windows.net/p",
+                Some(CloudStore::Azure),
+            ),
+            ("delta:/data", None),
+        ] {
+            let Ok(Output::Delta(root)) = Output::parse(text) else {
+                panic!("{text} is a Delta root");
+            };
+            assert_eq!(root.store(), store, "{text}");
         }
     }
 

@@ -87,7 +87,7 @@ use url::Url;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use crate::buffer::RankKey;
-use crate::output::DeltaRoot;
+use crate::output::{CloudStore, DeltaRoot};
 use crate::table::{self, Table};
 
 /// Versions between two checkpoints of a table's log: readers replay at most
@@ -335,78 +335,22 @@ pub(crate) async fn lookup(target: &mut Target, key: &RankKey) -> Result<u64, De
     Ok(version)
 }
 
-/// The object store of a root, for the start-up messages: each names its own
-/// variables (object_store's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cloud {
-    S3,
-    Gcs,
-    Azure,
-}
-
-impl Cloud {
-    fn of(root: &DeltaRoot) -> Cloud {
-        match root {
-            DeltaRoot::Url(url) if url.starts_with("gs://") => Cloud::Gcs,
-            DeltaRoot::Url(url) if !url.starts_with("s3") => Cloud::Azure,
-            _ => Cloud::S3,
-        }
-    }
-
-    /// What to set for credentials.
-    fn credentials(self) -> &'static str {
-        match self {
-            Cloud::S3 => "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)",
-            Cloud::Gcs => {
-                "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (a service account \
-                 key file; without one the client asks the metadata server of a Google Cloud \
-                 machine)"
-            }
-            Cloud::Azure => {
-                "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or \
-                 AZURE_STORAGE_SAS_KEY; without a key the client asks the managed identity \
-                 endpoint of an Azure machine)"
-            }
-        }
-    }
-
-    /// The variable that overrides the endpoint.
-    fn endpoint(self) -> &'static str {
-        match self {
-            Cloud::S3 => "AWS_ENDPOINT_URL",
-            Cloud::Gcs => "GOOGLE_BASE_URL",
-            Cloud::Azure => "AZURE_STORAGE_ENDPOINT",
-        }
-    }
-
-    /// The variable that allows an `http://` endpoint.
-    fn allow_http(self) -> &'static str {
-        match self {
-            Cloud::S3 => "AWS_ALLOW_HTTP",
-            Cloud::Gcs => "GOOGLE_ALLOW_HTTP",
-            Cloud::Azure => "AZURE_ALLOW_HTTP",
-        }
-    }
-
-    /// What a root's first path segment is called.
-    fn bucket(self) -> &'static str {
-        match self {
-            Cloud::Azure => "container",
-            Cloud::S3 | Cloud::Gcs => "bucket",
-        }
-    }
+/// The object store of `root`, for the start-up messages (S3 for a local root:
+/// its messages name no store variable).
+fn store_of(root: &DeltaRoot) -> CloudStore {
+    root.store().unwrap_or(CloudStore::S3)
 }
 
 /// The message for an object store that did not answer.
 fn unreachable_message(root: &DeltaRoot, what: &str) -> String {
-    let cloud = Cloud::of(root);
-    let variable = cloud.endpoint();
+    let store = store_of(root);
+    let variable = store.endpoint();
     let endpoint = std::env::var(variable).unwrap_or_else(|_| "(unset: the provider's own)".into());
-    let credentials = match cloud {
-        Cloud::S3 => String::new(),
-        _ => format!(", and that {} is set", cloud.credentials()),
+    let credentials = match store {
+        CloudStore::S3 => String::new(),
+        _ => format!(", and that {} is set", store.credentials()),
     };
-    let allow_http = cloud.allow_http();
+    let allow_http = store.allow_http();
     format!(
         "cannot reach the object store for --out {root} ({what}): check {variable}={endpoint} \
          (and {allow_http}=true for an http:// endpoint) and that the server runs{credentials}"
@@ -415,8 +359,8 @@ fn unreachable_message(root: &DeltaRoot, what: &str) -> String {
 
 /// A start-up failure in words that name the variable or flag to fix.
 fn start_error(root: &DeltaRoot, name: &str, source: DeltaTableError) -> DeltaError {
-    let cloud = Cloud::of(root);
-    let credentials = cloud.credentials();
+    let store = store_of(root);
+    let credentials = store.credentials();
     let text = format!("{source:?} {source}");
     let has = |needle: &str| text.contains(needle);
     let message = if has("NoSuchBucket") || has("bucket does not exist") || has("ContainerNotFound")
@@ -430,7 +374,7 @@ fn start_error(root: &DeltaRoot, name: &str, source: DeltaTableError) -> DeltaEr
                 .to_string(),
             DeltaRoot::Local(_) => String::new(),
         };
-        let kind = cloud.bucket();
+        let kind = store.bucket();
         format!(
             "the {kind} {bucket} of --out {root} does not exist: create it, or fix the {kind} in --out"
         )
@@ -443,7 +387,7 @@ fn start_error(root: &DeltaRoot, name: &str, source: DeltaTableError) -> DeltaEr
         || has("403")
         || has("Forbidden")
     {
-        let region = if cloud == Cloud::S3 {
+        let region = if store == CloudStore::S3 {
             " (and AWS_REGION)"
         } else {
             ""
@@ -455,7 +399,7 @@ fn start_error(root: &DeltaRoot, name: &str, source: DeltaTableError) -> DeltaEr
     } else if has("MissingCredentials")
         || has("redential")
         || has("169.254.169.254")
-        || (cloud != Cloud::S3 && has("etadata"))
+        || (store != CloudStore::S3 && has("etadata"))
     {
         format!("no credentials for --out {root}: set {credentials} ({source})")
     } else if has("error sending request")
