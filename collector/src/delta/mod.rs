@@ -207,8 +207,10 @@ pub fn choose_tls_provider() {
 }
 
 /// Registers with delta-rs the object stores of this build (S3, GCS, Azure),
-/// so that a table URL of theirs opens; every entry point that opens a table
-/// calls it first, and later calls do nothing new.
+/// so that a table URL of theirs opens. The `deltalake` crate already does so
+/// when the process starts (a constructor per store feature); every entry
+/// point that opens a table calls this anyway, so that opening does not depend
+/// on that, and a second registration changes nothing.
 pub(crate) fn register_handlers() {
     deltalake::aws::register_handlers(None);
     deltalake::gcp::register_handlers(None);
