@@ -91,6 +91,23 @@ def reader(s3_port):
     return con
 
 
+def commit_quantiles(http):
+    """(count, p50, p99) of the collector's commit_duration_seconds histogram: the
+    upper bound of the bucket each quantile falls in."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
+    buckets = [
+        (float(m.group(1)), float(m.group(2)))
+        for m in re.finditer(r'commit_duration_seconds_bucket\{le="([^"]+)"\} (\S+)', text)
+    ]
+    total = buckets[-1][1] if buckets else 0
+    if not total:
+        return 0, None, None
+    q = lambda f: next(le for le, n in buckets if n >= f * total)
+    return int(total), q(0.5), q(0.99)
+
+
 def measure(args, store, age, tmp):
     s3 = None
     env = {**os.environ, "RANKSCOPE_LOG": "warn,deltalake_core=error"}
@@ -109,14 +126,16 @@ def measure(args, store, age, tmp):
         root = os.path.join(tmp, f"delta-{age}")
         out = f"delta:{root}"
     collector = subprocess.Popen(
-        [args.bin, "collector", "--listen", "127.0.0.1:0", "--out", out, "--max-file-age", age],
+        [args.bin, "collector", "--listen", "127.0.0.1:0", "--out", out, "--max-file-age", age]
+        + ["--http", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         env=env,
         text=True,
     )
     grpc = re.search(r"127\.0\.0\.1:\d+", collector.stdout.readline() or "")
-    if not grpc:
-        sys.exit("the collector did not print its address")
+    http = re.search(r"http://(127\.0\.0\.1:\d+)", collector.stdout.readline() or "")
+    if not grpc or not http:
+        sys.exit("the collector did not print its addresses")
     con = reader(port)
     loadgen = subprocess.Popen(
         [args.bin, "loadgen", "--run-id", "visible", "--collector", grpc.group(0)]
@@ -157,12 +176,14 @@ def measure(args, store, age, tmp):
             break
         time.sleep(max(0.0, args.poll_ms / 1000 - (time.time() - start)))
     loadgen.wait()
+    commits = commit_quantiles(http.group(1))
     collector.terminate()
-    collector.wait()
+    _, _, usage = os.wait4(collector.pid, 0)
+    cpu = usage.ru_utime + usage.ru_stime
     if s3:
         s3.terminate()
         s3.wait()
-    return latencies, polls
+    return latencies, polls, cpu, commits
 
 
 def main():
@@ -175,20 +196,21 @@ def main():
     p.add_argument("--step-interval", default="20ms")
     p.add_argument("--poll-ms", type=float, default=200.0)
     args = p.parse_args()
-    print("| store | --max-file-age | rows seen | p50 s | p95 s | max s | poll p50 s |")
-    print("|---|---|---|---|---|---|---|")
+    rows = args.ranks * args.steps * 3  # a steps row and 2 layers rows per step
+    print(f"{args.ranks} ranks, {args.steps} steps at {args.step_interval}, 2 layers: {rows:,} steps + layers rows")
+    print("| store | --max-file-age | steps seen | visible p50 s | p95 s | max s | poll p50 s "
+          "| collector CPU s | rows / CPU s | commits | commit p50 ≤ s | p99 ≤ s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for store in args.store.split(","):
             for age in args.ages.split(","):
-                latencies, polls = measure(args, store, age, tmp)
-                if not latencies:
-                    print(f"| {store} | {age} | 0 | | | | |")
-                    continue
-                latencies.sort()
+                latencies, polls, cpu, (commits, p50, p99) = measure(args, store, age, tmp)
+                latencies.sort() if latencies else latencies.append(float("nan"))
                 q = lambda f: latencies[min(len(latencies) - 1, int(f * len(latencies)))]
                 print(
                     f"| {store} | {age} | {len(latencies)} | {statistics.median(latencies):.2f} | "
-                    f"{q(0.95):.2f} | {latencies[-1]:.2f} | {statistics.median(polls):.3f} |",
+                    f"{q(0.95):.2f} | {latencies[-1]:.2f} | {statistics.median(polls):.3f} | "
+                    f"{cpu:.2f} | {rows / cpu:,.0f} | {commits} | {p50} | {p99} |",
                     flush=True,
                 )
 
