@@ -11,7 +11,10 @@ delta-readers` installs); each (rank, step) seen for the first time counts
 `seen - time`, where `time` is the step's own record time (`steps.time`, the
 rank's clock: the same machine's). A poll's own duration adds to the figures;
 its median is printed beside them. The collector commits a file once it is
-`--max-file-age` old (or full), so each age is measured in turn.
+`--max-file-age` old (or full), so each age is measured in turn. With `--collectors N`, N sharded
+collectors commit to the same tables (the ranks spread over them), and the
+figures are over all of them: they show whether commits of many collectors
+starve each other.
 
 Usage: .venv/bin/python collector/benches/delta_visible.py
        [--bin target/release/rankscope] [--store local,s3] [--ages 1s,10s]
@@ -91,16 +94,22 @@ def reader(s3_port):
     return con
 
 
-def commit_quantiles(http):
-    """(count, p50, p99) of the collector's commit_duration_seconds histogram: the
-    upper bound of the bucket each quantile falls in."""
+def commit_buckets(http):
+    """The collector's commit_duration_seconds histogram: (upper bound, count) per
+    bucket, cumulative."""
     import urllib.request
 
     text = urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
-    buckets = [
+    return [
         (float(m.group(1)), float(m.group(2)))
         for m in re.finditer(r'commit_duration_seconds_bucket\{le="([^"]+)"\} (\S+)', text)
     ]
+
+
+def quantiles(histograms):
+    """(count, p50, p99) over the collectors' histograms (the same buckets): the
+    upper bound of the bucket each quantile falls in."""
+    buckets = [(le, sum(h[i][1] for h in histograms)) for i, (le, _) in enumerate(histograms[0])]
     total = buckets[-1][1] if buckets else 0
     if not total:
         return 0, None, None
@@ -125,20 +134,23 @@ def measure(args, store, age, tmp):
         port = None
         root = os.path.join(tmp, f"delta-{age}")
         out = f"delta:{root}"
-    collector = subprocess.Popen(
-        [args.bin, "collector", "--listen", "127.0.0.1:0", "--out", out, "--max-file-age", age]
-        + ["--http", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
-    )
-    grpc = re.search(r"127\.0\.0\.1:\d+", collector.stdout.readline() or "")
-    http = re.search(r"http://(127\.0\.0\.1:\d+)", collector.stdout.readline() or "")
-    if not grpc or not http:
-        sys.exit("the collector did not print its addresses")
+    collectors = []
+    for _ in range(args.collectors):
+        proc = subprocess.Popen(
+            [args.bin, "collector", "--listen", "127.0.0.1:0", "--out", out, "--max-file-age", age]
+            + ["--http", "127.0.0.1:0"],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        grpc = re.search(r"127\.0\.0\.1:\d+", proc.stdout.readline() or "")
+        http = re.search(r"http://(127\.0\.0\.1:\d+)", proc.stdout.readline() or "")
+        if not grpc or not http:
+            sys.exit("a collector did not print its addresses")
+        collectors.append((proc, grpc.group(0), http.group(1)))
     con = reader(port)
     loadgen = subprocess.Popen(
-        [args.bin, "loadgen", "--run-id", "visible", "--collector", grpc.group(0)]
+        [args.bin, "loadgen", "--run-id", "visible", "--collector", ",".join(c[1] for c in collectors)]
         + ["--ranks", str(args.ranks), "--steps", str(args.steps)]
         + ["--step-interval", args.step_interval, "--layers", "2", "--finish-timeout", "120s"],
         stdout=subprocess.DEVNULL,
@@ -176,10 +188,12 @@ def measure(args, store, age, tmp):
             break
         time.sleep(max(0.0, args.poll_ms / 1000 - (time.time() - start)))
     loadgen.wait()
-    commits = commit_quantiles(http.group(1))
-    collector.terminate()
-    _, _, usage = os.wait4(collector.pid, 0)
-    cpu = usage.ru_utime + usage.ru_stime
+    commits = quantiles([commit_buckets(http) for _, _, http in collectors])
+    cpu = 0.0
+    for proc, _, _ in collectors:
+        proc.terminate()
+        _, _, usage = os.wait4(proc.pid, 0)
+        cpu += usage.ru_utime + usage.ru_stime
     if s3:
         s3.terminate()
         s3.wait()
@@ -192,14 +206,15 @@ def main():
     p.add_argument("--store", default="local,s3", help="comma-separated: local (delta:DIR), s3 (moto)")
     p.add_argument("--ages", default="1s,10s", help="comma-separated --max-file-age values")
     p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--collectors", type=int, default=1, help="sharded collectors on one table (rank r to the r %% N-th)")
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--step-interval", default="20ms")
     p.add_argument("--poll-ms", type=float, default=200.0)
     args = p.parse_args()
     rows = args.ranks * args.steps * 3  # a steps row and 2 layers rows per step
-    print(f"{args.ranks} ranks, {args.steps} steps at {args.step_interval}, 2 layers: {rows:,} steps + layers rows")
+    print(f"{args.collectors} collector(s), {args.ranks} ranks, {args.steps} steps at {args.step_interval}, 2 layers: {rows:,} steps + layers rows")
     print("| store | --max-file-age | steps seen | visible p50 s | p95 s | max s | poll p50 s "
-          "| collector CPU s | rows / CPU s | commits | commit p50 ≤ s | p99 ≤ s |")
+          "| collectors' CPU s | rows / CPU s | commits | commit p50 ≤ s | p99 ≤ s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for store in args.store.split(","):
