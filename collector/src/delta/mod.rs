@@ -31,9 +31,12 @@
 //! One app id per (run, rank), not per collector: the (run, rank) is what agents
 //! number batches by, and a rank moves to another collector when its own fails,
 //! so any collector must find its watermark by that key alone. Delta keeps the
-//! latest version of each app id (and checkpoints keep them), so a lookup is one
-//! log replay of the `txn` column; the collector looks a (run, rank) up when its
-//! first stream arrives ([`DeltaStore::durable`]), not at start. The table
+//! latest version of each app id (and checkpoints keep them). The collector
+//! reads every app id's version of a table once, at its first lookup (the last
+//! checkpoint and the commits since: [`txns`]), then each new commit once; it
+//! looks a (run, rank) up when its first stream arrives ([`DeltaStore::durable`]),
+//! and reads each table's new commits before the first commit of a rank new to
+//! it, which may have moved from another collector. The table
 //! property `delta.setTransactionRetentionDuration` is left unset: watermarks
 //! never expire.
 //!
@@ -66,11 +69,13 @@
 //!   [`DeltaError`];
 //! - [`commit`]: one collector commit ([`DeltaStore::commit`]);
 //! - [`read`]: a table read back as the collector's rows, for the reports;
+//! - [`txns`]: every app id's `txn` version of a table, read from its log;
 //! - [`compact`]: a finished run's files merged (`rankscope compact`).
 
 pub mod commit;
 pub mod compact;
 pub mod read;
+mod txns;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -88,6 +93,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use crate::buffer::RankKey;
 use crate::output::DeltaRoot;
 use crate::table::{self, Table};
+use txns::TxnIndex;
 
 /// Versions between two checkpoints of a table's log: readers replay at most
 /// this many JSON commits after the last checkpoint.
@@ -124,6 +130,18 @@ pub(crate) struct Target {
     pub(crate) table: DeltaTable,
     /// The `txn` version per (run, rank), as last looked up or committed.
     pub(crate) versions: HashMap<RankKey, u64>,
+    /// Every app id's `txn` version, read from the log at the first lookup.
+    txns: Txns,
+}
+
+/// A table's [`TxnIndex`], once read.
+#[derive(Debug)]
+enum Txns {
+    NotRead,
+    Read(TxnIndex),
+    /// The log has a shape the index does not read: look app ids up one by one
+    /// through delta-rs.
+    OneByOne,
 }
 
 /// The Delta output: the tables, opened (created if absent) at start.
@@ -229,6 +247,7 @@ impl DeltaStore {
                 name,
                 table,
                 versions: HashMap::new(),
+                txns: Txns::NotRead,
             });
         }
         Ok(DeltaStore {
@@ -293,19 +312,26 @@ async fn open_or_create(
     }
 }
 
-/// Brings `target`'s snapshot up to the table's latest version.
+/// Brings `target`'s snapshot, and its [`TxnIndex`] once read, up to the
+/// table's latest version.
 pub(crate) async fn refresh(target: &mut Target) -> Result<(), DeltaError> {
-    target
-        .table
-        .update_incremental(None)
-        .await
-        .map_err(|source| DeltaError::Table {
-            table: target.name.clone(),
-            source: Box::new(source),
-        })
+    let err = |source| DeltaError::Table {
+        table: target.name.clone(),
+        source: Box::new(source),
+    };
+    target.table.update_incremental(None).await.map_err(err)?;
+    if let Txns::Read(index) = &mut target.txns {
+        index
+            .catch_up(target.table.log_store().as_ref())
+            .await
+            .map_err(err)?;
+    }
+    Ok(())
 }
 
-/// The `txn` version of `key` in `target` (0: none), from the cache or the log.
+/// The `txn` version of `key` in `target` (0: none), from the cache, else the
+/// table's [`TxnIndex`] (read from the log at the first lookup), else delta-rs's
+/// lookup of the one app id.
 pub(crate) async fn lookup(target: &mut Target, key: &RankKey) -> Result<u64, DeltaError> {
     if let Some(version) = target.versions.get(key) {
         return Ok(*version);
@@ -314,12 +340,26 @@ pub(crate) async fn lookup(target: &mut Target, key: &RankKey) -> Result<u64, De
         table: target.name.clone(),
         source: Box::new(source),
     };
-    let state = target.table.snapshot().map_err(err)?;
-    let version = state
-        .transaction_version(target.table.log_store().as_ref(), app_id(key))
-        .await
-        .map_err(err)?
-        .map_or(0, |v| v.max(0) as u64);
+    if let Txns::NotRead = target.txns {
+        target.txns = match TxnIndex::load(target.table.log_store().as_ref())
+            .await
+            .map_err(err)?
+        {
+            Some(index) => Txns::Read(index),
+            None => Txns::OneByOne,
+        };
+    }
+    let version = match &target.txns {
+        Txns::Read(index) => index.get(&app_id(key)),
+        Txns::NotRead | Txns::OneByOne => {
+            let state = target.table.snapshot().map_err(err)?;
+            state
+                .transaction_version(target.table.log_store().as_ref(), app_id(key))
+                .await
+                .map_err(err)?
+                .map_or(0, |v| v.max(0) as u64)
+        }
+    };
     target.versions.insert(key.clone(), version);
     Ok(version)
 }
