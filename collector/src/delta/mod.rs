@@ -69,12 +69,14 @@
 //!   [`DeltaError`];
 //! - [`commit`]: one collector commit ([`DeltaStore::commit`]);
 //! - [`read`]: a table read back as the collector's rows, for the reports;
+//! - [`stores`]: the object stores of `s3://`, `gs://` and `az://` roots;
 //! - [`txns`]: every app id's `txn` version of a table, read from its log;
 //! - [`compact`]: a finished run's files merged (`rankscope compact`).
 
 pub mod commit;
 pub mod compact;
 pub mod read;
+pub mod stores;
 mod txns;
 
 use std::collections::HashMap;
@@ -188,6 +190,7 @@ fn watermark_schema() -> SchemaRef {
 impl DeltaRoot {
     /// The URL of the table at `name` under the root (a local root is created).
     fn table_url(&self, name: &str) -> Result<Url, DeltaError> {
+        stores::register();
         match self {
             DeltaRoot::Local(dir) => {
                 let path = dir.join(name);
@@ -214,10 +217,11 @@ impl DeltaRoot {
 }
 
 /// Chooses ring as the process's TLS provider. Two are compiled in with this
-/// feature (ring for gRPC, aws-lc-rs for the AWS SDK), and rustls then refuses
-/// to pick one: any TLS client or server built before this call (an agent's
-/// connection to a TLS collector, the collector's own listener) would panic.
-/// A binary with the feature calls it first thing; later calls do nothing.
+/// feature (ring for gRPC and object_store, aws-lc-rs for the HTTP client of
+/// delta-rs's kernel), and rustls then refuses to pick one: any TLS client or
+/// server built before this call (an agent's connection to a TLS collector, the
+/// collector's own listener) would panic. A binary with the feature calls it
+/// first thing; later calls do nothing.
 pub fn choose_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
@@ -227,7 +231,6 @@ impl DeltaStore {
     /// store that cannot be reached, refuses the credentials or lacks the bucket
     /// is an error naming the variable to fix.
     pub async fn open(root: &DeltaRoot, row_group_rows: usize) -> Result<DeltaStore, DeltaError> {
-        deltalake::aws::register_handlers(None);
         choose_tls_provider();
         let mut targets = Vec::new();
         let names = Table::ALL
@@ -408,7 +411,7 @@ fn start_error(root: &DeltaRoot, name: &str, source: DeltaTableError) -> DeltaEr
     {
         format!(
             "no credentials for --out {root}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY \
-             (or AWS_PROFILE) ({source})"
+             (named profiles of ~/.aws/config are not read) ({source})"
         )
     } else if has("error sending request")
         || has("Connection refused")
