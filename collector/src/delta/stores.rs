@@ -5,7 +5,7 @@
 //! and Azure's preconditions).
 //!
 //! delta-rs's own S3 crate (`deltalake-aws`) does the same with the AWS SDK for
-//! credentials: 66 more packages in the command's build for what object_store's
+//! credentials: 47 more packages in the command's build for what object_store's
 //! credential chain already covers on a cluster (the variables, a web identity
 //! token, the instance's or container's role). Not covered: named profiles and
 //! SSO of `~/.aws/config`; export the variables instead
