@@ -53,6 +53,9 @@ pub enum CloudStore {
 }
 
 impl CloudStore {
+    /// Every URL scheme of [`CloudStore::of_scheme`].
+    pub const SCHEMES: [&str; 8] = ["s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure"];
+
     /// The store of URL scheme `scheme`; `None` for one this build cannot write.
     pub fn of_scheme(scheme: &str) -> Option<CloudStore> {
         match scheme {
@@ -74,7 +77,11 @@ impl CloudStore {
     /// What to set for credentials (object_store's variables).
     pub fn credentials(self) -> &'static str {
         match self {
-            CloudStore::S3 => "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)",
+            CloudStore::S3 => {
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (named profiles of ~/.aws/config \
+                 are not read; without keys the client asks for a web identity token or the \
+                 metadata server of an AWS machine)"
+            }
             CloudStore::Gcs => {
                 "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (a service account \
                  key file; without one the client asks the metadata server of a Google Cloud \

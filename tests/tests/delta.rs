@@ -275,8 +275,8 @@ fn run_with_kills(out: &Path, env: &[(String, String)], n: usize, ranks: u32, ki
 fn four_collectors_commit_to_one_bucket_and_duckdb_reads_every_row_once_after_kills() {
     let s3 = S3Server::start("rankscope");
     let root = "s3://rankscope/runs";
-    run_with_kills(Path::new(root), &s3.env(), 4, 16, 5);
-    assert_exact(root, 16, Some(&s3));
+    run_with_kills(Path::new(root), &s3.env(), 4, 64, 5);
+    assert_exact(root, 64, Some(&s3));
     // `rankscope summary` reads the tables from the bucket too.
     let output = Command::new(bin("rankscope"))
         .args(["summary", "--out", root])

@@ -69,6 +69,15 @@ impl DeltaStore {
             if groups.is_empty() {
                 continue;
             }
+            // A rank new to this collector may have moved here from another
+            // collector, which may have committed its rows to this table: read
+            // the log up to its newest commit before looking it up.
+            if watermarks
+                .keys()
+                .any(|key| !target.versions.contains_key(key))
+            {
+                refresh(target).await?;
+            }
             let mut held = HashMap::new();
             let mut txns = Vec::new();
             for (key, seq) in watermarks {

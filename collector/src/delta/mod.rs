@@ -32,9 +32,12 @@
 //! One app id per (run, rank), not per collector: the (run, rank) is what agents
 //! number batches by, and a rank moves to another collector when its own fails,
 //! so any collector must find its watermark by that key alone. Delta keeps the
-//! latest version of each app id (and checkpoints keep them), so a lookup is one
-//! log replay of the `txn` column; the collector looks a (run, rank) up when its
-//! first stream arrives ([`DeltaStore::durable`]), not at start. The table
+//! latest version of each app id (and checkpoints keep them). The collector
+//! reads every app id's version of a table once, at its first lookup (the last
+//! checkpoint and the commits since: [`txns`]), then each new commit once; it
+//! looks a (run, rank) up when its first stream arrives ([`DeltaStore::durable`]),
+//! and reads each table's new commits before the first commit of a rank new to
+//! it, which may have moved from another collector. The table
 //! property `delta.setTransactionRetentionDuration` is left unset: watermarks
 //! never expire.
 //!
@@ -67,11 +70,15 @@
 //!   [`DeltaError`];
 //! - [`commit`]: one collector commit ([`DeltaStore::commit`]);
 //! - [`read`]: a table read back as the collector's rows, for the reports;
+//! - [`stores`]: the object stores of `s3://`, `gs://` and `az://` roots;
+//! - [`txns`]: every app id's `txn` version of a table, read from its log;
 //! - [`compact`]: a finished run's files merged (`rankscope compact`).
 
 pub mod commit;
 pub mod compact;
 pub mod read;
+pub mod stores;
+mod txns;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -89,6 +96,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use crate::buffer::RankKey;
 use crate::output::{CloudStore, DeltaRoot};
 use crate::table::{self, Table};
+use txns::TxnIndex;
 
 /// Versions between two checkpoints of a table's log: readers replay at most
 /// this many JSON commits after the last checkpoint.
@@ -125,6 +133,18 @@ pub(crate) struct Target {
     pub(crate) table: DeltaTable,
     /// The `txn` version per (run, rank), as last looked up or committed.
     pub(crate) versions: HashMap<RankKey, u64>,
+    /// Every app id's `txn` version, read from the log at the first lookup.
+    txns: Txns,
+}
+
+/// A table's [`TxnIndex`], once read.
+#[derive(Debug)]
+enum Txns {
+    NotRead,
+    Read(TxnIndex),
+    /// The log has a shape the index does not read: look app ids up one by one
+    /// through delta-rs.
+    OneByOne,
 }
 
 /// The Delta output: the tables, opened (created if absent) at start.
@@ -171,6 +191,7 @@ fn watermark_schema() -> SchemaRef {
 impl DeltaRoot {
     /// The URL of the table at `name` under the root (a local root is created).
     fn table_url(&self, name: &str) -> Result<Url, DeltaError> {
+        stores::register();
         match self {
             DeltaRoot::Local(dir) => {
                 let path = dir.join(name);
@@ -198,23 +219,13 @@ impl DeltaRoot {
 }
 
 /// Chooses ring as the process's TLS provider. Two are compiled in with this
-/// feature (ring for gRPC, aws-lc-rs for the AWS SDK), and rustls then refuses
-/// to pick one: any TLS client or server built before this call (an agent's
-/// connection to a TLS collector, the collector's own listener) would panic.
-/// A binary with the feature calls it first thing; later calls do nothing.
+/// feature (ring for gRPC and object_store, aws-lc-rs for the HTTP client of
+/// delta-rs's kernel), and rustls then refuses to pick one: any TLS client or
+/// server built before this call (an agent's connection to a TLS collector, the
+/// collector's own listener) would panic. A binary with the feature calls it
+/// first thing; later calls do nothing.
 pub fn choose_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// Registers with delta-rs the object stores of this build (S3, GCS, Azure),
-/// so that a table URL of theirs opens. The `deltalake` crate already does so
-/// when the process starts (a constructor per store feature); every entry
-/// point that opens a table calls this anyway, so that opening does not depend
-/// on that, and a second registration changes nothing.
-pub(crate) fn register_handlers() {
-    deltalake::aws::register_handlers(None);
-    deltalake::gcp::register_handlers(None);
-    deltalake::azure::register_handlers(None);
 }
 
 impl DeltaStore {
@@ -222,7 +233,6 @@ impl DeltaStore {
     /// store that cannot be reached, refuses the credentials or lacks the bucket
     /// is an error naming the variable to fix.
     pub async fn open(root: &DeltaRoot, row_group_rows: usize) -> Result<DeltaStore, DeltaError> {
-        register_handlers();
         choose_tls_provider();
         let mut targets = Vec::new();
         let names = Table::ALL
@@ -242,6 +252,7 @@ impl DeltaStore {
                 name,
                 table,
                 versions: HashMap::new(),
+                txns: Txns::NotRead,
             });
         }
         Ok(DeltaStore {
@@ -306,19 +317,26 @@ async fn open_or_create(
     }
 }
 
-/// Brings `target`'s snapshot up to the table's latest version.
+/// Brings `target`'s snapshot, and its [`TxnIndex`] once read, up to the
+/// table's latest version.
 pub(crate) async fn refresh(target: &mut Target) -> Result<(), DeltaError> {
-    target
-        .table
-        .update_incremental(None)
-        .await
-        .map_err(|source| DeltaError::Table {
-            table: target.name.clone(),
-            source: Box::new(source),
-        })
+    let err = |source| DeltaError::Table {
+        table: target.name.clone(),
+        source: Box::new(source),
+    };
+    target.table.update_incremental(None).await.map_err(err)?;
+    if let Txns::Read(index) = &mut target.txns {
+        index
+            .catch_up(target.table.log_store().as_ref())
+            .await
+            .map_err(err)?;
+    }
+    Ok(())
 }
 
-/// The `txn` version of `key` in `target` (0: none), from the cache or the log.
+/// The `txn` version of `key` in `target` (0: none), from the cache, else the
+/// table's [`TxnIndex`] (read from the log at the first lookup), else delta-rs's
+/// lookup of the one app id.
 pub(crate) async fn lookup(target: &mut Target, key: &RankKey) -> Result<u64, DeltaError> {
     if let Some(version) = target.versions.get(key) {
         return Ok(*version);
@@ -327,12 +345,26 @@ pub(crate) async fn lookup(target: &mut Target, key: &RankKey) -> Result<u64, De
         table: target.name.clone(),
         source: Box::new(source),
     };
-    let state = target.table.snapshot().map_err(err)?;
-    let version = state
-        .transaction_version(target.table.log_store().as_ref(), app_id(key))
-        .await
-        .map_err(err)?
-        .map_or(0, |v| v.max(0) as u64);
+    if let Txns::NotRead = target.txns {
+        target.txns = match TxnIndex::load(target.table.log_store().as_ref())
+            .await
+            .map_err(err)?
+        {
+            Some(index) => Txns::Read(index),
+            None => Txns::OneByOne,
+        };
+    }
+    let version = match &target.txns {
+        Txns::Read(index) => index.get(&app_id(key)),
+        Txns::NotRead | Txns::OneByOne => {
+            let state = target.table.snapshot().map_err(err)?;
+            state
+                .transaction_version(target.table.log_store().as_ref(), app_id(key))
+                .await
+                .map_err(err)?
+                .map_or(0, |v| v.max(0) as u64)
+        }
+    };
     target.versions.insert(key.clone(), version);
     Ok(version)
 }

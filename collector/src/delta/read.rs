@@ -65,7 +65,6 @@ pub(super) async fn open_table(
     root: &DeltaRoot,
     table: Table,
 ) -> Result<Option<DeltaTable>, DeltaError> {
-    super::register_handlers();
     let name = table.name();
     if let DeltaRoot::Local(dir) = root
         && !dir.join(name).is_dir()

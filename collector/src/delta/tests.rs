@@ -204,3 +204,46 @@ async fn the_query_layer_reads_a_table_with_the_collectors_schema() {
     let none = read::read_table(&DeltaRoot::Local(empty.path().into()), Table::Layers).await;
     assert!(none.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_txn_index_agrees_with_delta_rs_past_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = DeltaRoot::Local(dir.path().to_path_buf());
+    let store = DeltaStore::open(&root, 1000).await.unwrap();
+    // Past CHECKPOINT_INTERVAL versions of each table, ranks appearing and
+    // moving on: some app ids only in the checkpoint, some only after it, some
+    // in both.
+    let commits = CHECKPOINT_INTERVAL + 6;
+    for seq in 1..=commits {
+        let mut p = Pending::default();
+        for rank in [seq % 5, 5 + seq / 10] {
+            p.push_batch("run", rank as u32, batch(rank as u32, seq, 2));
+        }
+        store.commit(&p).await.unwrap();
+    }
+    let steps = dir.path().join("steps/_delta_log");
+    assert!(
+        steps.join("_last_checkpoint").exists(),
+        "the test needs a checkpoint"
+    );
+    let mut targets = store.targets.lock().await;
+    for target in targets.iter_mut() {
+        refresh(target).await.unwrap();
+        let log_store = target.table.log_store();
+        let index = txns::TxnIndex::load(log_store.as_ref())
+            .await
+            .unwrap()
+            .expect("a single-file checkpoint reads");
+        let state = target.table.snapshot().unwrap();
+        for rank in 0..10u32 {
+            let id = app_id(&("run".into(), rank));
+            let expected = state
+                .transaction_version(log_store.as_ref(), id.clone())
+                .await
+                .unwrap()
+                .map_or(0, |v| v as u64);
+            assert_eq!(index.get(&id), expected, "{} {id}", target.name);
+        }
+        assert_eq!(index.get("rankscope/other/0"), 0);
+    }
+}
