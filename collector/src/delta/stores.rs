@@ -11,7 +11,6 @@
 //! SSO of `~/.aws/config`; export the variables instead
 //! (docs/past-one-machine.md).
 
-use std::str::FromStr as _;
 use std::sync::{Arc, Once};
 
 use deltalake::logstore::{
@@ -20,9 +19,9 @@ use deltalake::logstore::{
 };
 use deltalake::{DeltaResult, DeltaTableError, Path};
 use object_store::ObjectStoreScheme;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
-use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
 use url::Url;
 
 use crate::output::CloudStore;
@@ -44,6 +43,22 @@ pub fn register() {
     });
 }
 
+/// A client of `$builder` for `$url`: object_store's variables first
+/// (`from_env`), then each option whose key the builder knows (as object_store's
+/// own `parse_url_opts` does, which starts from no variables).
+macro_rules! from_env_with {
+    ($builder:ty, $url:expr, $options:expr) => {{
+        let builder = $options.fold(
+            <$builder>::from_env().with_url($url.as_str()),
+            |builder, (key, value)| match key.parse() {
+                Ok(key) => builder.with_config(key, value),
+                Err(_) => builder,
+            },
+        );
+        Arc::new(builder.build()?) as ObjectStoreRef
+    }};
+}
+
 impl ObjectStoreFactory for CloudStore {
     fn parse_url_opts(
         &self,
@@ -57,33 +72,9 @@ impl ObjectStoreFactory for CloudStore {
             .iter()
             .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()));
         let store: ObjectStoreRef = match self {
-            CloudStore::S3 => {
-                let mut builder = AmazonS3Builder::from_env().with_url(url.as_str());
-                for (key, value) in options {
-                    if let Ok(key) = AmazonS3ConfigKey::from_str(&key) {
-                        builder = builder.with_config(key, value);
-                    }
-                }
-                Arc::new(builder.build()?)
-            }
-            CloudStore::Gcs => {
-                let mut builder = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
-                for (key, value) in options {
-                    if let Ok(key) = GoogleConfigKey::from_str(&key) {
-                        builder = builder.with_config(key, value);
-                    }
-                }
-                Arc::new(builder.build()?)
-            }
-            CloudStore::Azure => {
-                let mut builder = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
-                for (key, value) in options {
-                    if let Ok(key) = AzureConfigKey::from_str(&key) {
-                        builder = builder.with_config(key, value);
-                    }
-                }
-                Arc::new(builder.build()?)
-            }
+            CloudStore::S3 => from_env_with!(AmazonS3Builder, url, options),
+            CloudStore::Gcs => from_env_with!(GoogleCloudStorageBuilder, url, options),
+            CloudStore::Azure => from_env_with!(MicrosoftAzureBuilder, url, options),
         };
         let (_, path) =
             ObjectStoreScheme::parse(url).map_err(|e| DeltaTableError::GenericError {
