@@ -75,7 +75,10 @@ struct RunState {
     updated_us: i64,
     counters: RunCounters,
     ranks: BTreeMap<u32, RankState>,
-    layers: BTreeMap<String, LayerState>,
+    /// By name. Every `layers` row of every rank looks its layer up here, so a
+    /// fast hash (foldhash, seeded per process) and not an ordered map: a
+    /// snapshot sorts the layers by name instead.
+    layers: HashMap<String, LayerState, foldhash::fast::RandomState>,
 }
 
 impl RunState {
@@ -345,7 +348,7 @@ impl LiveView {
                     .collect(),
             })
             .collect();
-        let layers = run
+        let mut layers: Vec<LayerLive> = run
             .layers
             .iter()
             .map(|(name, l)| LayerLive {
@@ -354,6 +357,7 @@ impl LiveView {
                 history: l.history.iter().cloned().collect(),
             })
             .collect();
+        layers.sort_unstable_by(|a, b| a.layer.cmp(&b.layer));
         Some(RunSnapshot {
             summary: run.summary(run_id),
             now_us: now_us(),
