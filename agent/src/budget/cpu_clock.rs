@@ -3,6 +3,7 @@
 //! process (`pthread_getcpuclockid`). Each read is one `clock_gettime` call.
 
 use std::os::unix::thread::JoinHandleExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 fn read(clock: libc::clockid_t) -> Option<u64> {
@@ -23,6 +24,33 @@ fn read(clock: libc::clockid_t) -> Option<u64> {
 /// CPU time of the whole process (all its threads), in nanoseconds.
 pub fn process_ns() -> Option<u64> {
     read(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// The process's CPU time as another thread last read it.
+///
+/// Reading the process's clock visits every thread of the process. On a loaded
+/// machine (more busy threads than cores) one read took milliseconds of wall time:
+/// 4 training processes of 3 threads each on 2 cores read it in 16 µs at the
+/// median but 13.6 ms at the 99th percentile, against 16 µs for a thread's own
+/// clock (BENCHMARKS.md, "The issue's own run"). So the transport thread reads it
+/// on its tick ([`ProcessClock::refresh`]) and the training thread's budget
+/// decision reads the last value: at most a tick old, which only makes the
+/// agent's share look larger, never smaller.
+#[derive(Debug, Default)]
+pub struct ProcessClock(AtomicU64);
+
+impl ProcessClock {
+    /// Reads the process's clock now (on the calling thread).
+    pub fn refresh(&self) {
+        if let Some(ns) = process_ns() {
+            self.0.fetch_max(ns, Ordering::Relaxed);
+        }
+    }
+
+    /// The last value read; `None` before the first read.
+    pub fn last_ns(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|&ns| ns > 0)
+    }
 }
 
 /// CPU time of the calling thread, in nanoseconds.

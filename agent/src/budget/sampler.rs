@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::controller::{BudgetController, CpuTimes, OverheadBudget, SampleCost};
-use super::cpu_clock::{self, ThreadClock};
+use super::cpu_clock::{self, ProcessClock, ThreadClock};
 
 /// Activation samples of one agent (see [`crate::Agent::activation_samples`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -104,6 +104,9 @@ pub(crate) struct Sampler {
     /// The transport thread's one-time set-up (its start and first connection),
     /// left out like the metrics thread's warm-up.
     transport_set_up_ns: Arc<AtomicU64>,
+    /// The process's CPU time as the transport thread last read it: what a
+    /// decision reads (see [`ProcessClock`]).
+    process_clock: Arc<ProcessClock>,
     frozen: AtomicBool,
     pub worker: Arc<WorkerCounters>,
     /// Samples taken on the training thread, and handed to the metrics thread.
@@ -128,6 +131,7 @@ impl Sampler {
         budget: OverheadBudget,
         transport_clock: Option<ThreadClock>,
         transport_set_up_ns: Arc<AtomicU64>,
+        process_clock: Arc<ProcessClock>,
     ) -> Sampler {
         Sampler {
             gate: Mutex::new(Gate {
@@ -141,6 +145,7 @@ impl Sampler {
             transport_clock,
             transport_ns: AtomicU64::new(0),
             transport_set_up_ns,
+            process_clock,
             frozen: AtomicBool::new(false),
             worker: Arc::default(),
             taken: AtomicU64::new(0),
@@ -181,7 +186,10 @@ impl Sampler {
             worker_ns: self.worker.cpu_ns.load(Ordering::Relaxed),
             first_worker_ns: self.worker.first_ns.load(Ordering::Relaxed),
         };
-        let take = match self.cpu_times() {
+        // The process's clock as last read off this thread (its read can take
+        // milliseconds on a loaded machine); read here only before the first.
+        let process_ns = self.process_clock.last_ns().or_else(cpu_clock::process_ns);
+        let take = match self.cpu_times(process_ns) {
             Some(now) => {
                 let expected = cost.expected_ns(queued, gate.per_step);
                 gate.controller
@@ -255,7 +263,7 @@ impl Sampler {
     }
 
     pub fn overhead(&self) -> Overhead {
-        let now = self.cpu_times().unwrap_or_default();
+        let now = self.cpu_times(cpu_clock::process_ns()).unwrap_or_default();
         Overhead {
             budget: self.budget(),
             agent_ns: now.agent_ns,
@@ -306,8 +314,8 @@ impl Sampler {
 
     /// The process's and the agent's CPU time since the agent started, both without
     /// the set-up of the agent's threads at `init` (not a sample's cost).
-    fn cpu_times(&self) -> Option<CpuTimes> {
-        let process_ns = cpu_clock::process_ns()?
+    fn cpu_times(&self, process_ns: Option<u64>) -> Option<CpuTimes> {
+        let process_ns = process_ns?
             .saturating_sub(self.process_at_start?)
             .saturating_sub(self.set_up());
         let agent_ns = self.training_ns.load(Ordering::Relaxed)
@@ -345,6 +353,7 @@ mod tests {
             let sampler = Sampler::new(
                 OverheadBudget::from_percent(100.0).unwrap(),
                 None,
+                Arc::default(),
                 Arc::default(),
             );
             let layers = 1 + next(40);

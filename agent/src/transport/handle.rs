@@ -77,6 +77,12 @@ impl Transport {
         self.counters.set_up_ns.clone()
     }
 
+    /// The process's CPU time as the transport thread reads it on its tick, for
+    /// the overhead budget's decisions.
+    pub fn process_clock(&self) -> Arc<crate::budget::cpu_clock::ProcessClock> {
+        self.counters.process_clock.clone()
+    }
+
     /// Queues a row, or gives it back when the queue is full (nothing counted): for
     /// producers that can wait, such as the load generator.
     // The row comes back by value: boxing it would allocate on the hot path.
