@@ -8,9 +8,10 @@
 //! `CLOCK_PROCESS_CPUTIME_ID`. The one-time set-up of the agent's threads at `init`
 //! (the metrics thread's warm-up, the transport thread's start and first
 //! connection) is left out of both ([`super::sampler`]). Both are read at each planned sample (every
-//! `RANKSCOPE_SAMPLE_EVERY` steps), never on other steps; the process's clock as the
-//! transport thread last read it (every 100 ms), since reading it can take
-//! milliseconds on a loaded machine ([`super::cpu_clock::ProcessClock`]).
+//! `RANKSCOPE_SAMPLE_EVERY` steps), never on other steps: the process's and the
+//! transport thread's clocks as the transport thread last read them (every 100 ms),
+//! since reading them from the training thread can take milliseconds on a loaded
+//! machine ([`super::cpu_clock::TickClocks`]).
 //!
 //! At a planned sample the [`BudgetController`] looks at a sliding window: the
 //! agent's and the process's CPU time since a mark about [`WINDOW`] ago. The sample

@@ -26,30 +26,43 @@ pub fn process_ns() -> Option<u64> {
     read(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
-/// The process's CPU time as another thread last read it.
+/// The process's CPU time and the transport thread's, as the transport thread
+/// last read them ([`TickClocks::refresh`], on its tick).
 ///
-/// Reading the process's clock visits every thread of the process. On a loaded
-/// machine (more busy threads than cores) one read took milliseconds of wall time:
-/// 4 training processes of 3 threads each on 2 cores read it in 16 µs at the
-/// median but 13.6 ms at the 99th percentile, against 16 µs for a thread's own
-/// clock (BENCHMARKS.md, "The issue's own run"). So the transport thread reads it
-/// on its tick ([`ProcessClock::refresh`]) and the training thread's budget
-/// decision reads the last value: at most a tick old, which only makes the
-/// agent's share look larger, never smaller.
+/// Reading the process's clock visits every thread of the process, and reading
+/// another thread's clock reaches into that thread's CPU. On a loaded machine
+/// (more busy threads than cores) such a read took milliseconds of wall time: 4
+/// training processes of 3 threads each on 2 cores read the process's clock in
+/// 16 µs at the median but 13.6 ms at the 99th percentile (BENCHMARKS.md, "The
+/// issue's own run"). So the training thread's budget decisions read these
+/// values, at most a tick old, which only makes the agent's share look larger
+/// (the process's time lags), never smaller.
 #[derive(Debug, Default)]
-pub struct ProcessClock(AtomicU64);
+pub struct TickClocks {
+    process: AtomicU64,
+    transport: AtomicU64,
+}
 
-impl ProcessClock {
-    /// Reads the process's clock now (on the calling thread).
+impl TickClocks {
+    /// Reads the process's clock and the calling thread's, which must be the
+    /// transport thread.
     pub fn refresh(&self) {
         if let Some(ns) = process_ns() {
-            self.0.fetch_max(ns, Ordering::Relaxed);
+            self.process.fetch_max(ns, Ordering::Relaxed);
+        }
+        if let Some(ns) = this_thread_ns() {
+            self.transport.fetch_max(ns, Ordering::Relaxed);
         }
     }
 
-    /// The last value read; `None` before the first read.
-    pub fn last_ns(&self) -> Option<u64> {
-        Some(self.0.load(Ordering::Relaxed)).filter(|&ns| ns > 0)
+    /// The process's CPU time at the last read; `None` before the first.
+    pub fn process_ns(&self) -> Option<u64> {
+        Some(self.process.load(Ordering::Relaxed)).filter(|&ns| ns > 0)
+    }
+
+    /// The transport thread's CPU time at the last read; `None` before the first.
+    pub fn transport_ns(&self) -> Option<u64> {
+        Some(self.transport.load(Ordering::Relaxed)).filter(|&ns| ns > 0)
     }
 }
 

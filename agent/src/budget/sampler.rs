@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::controller::{BudgetController, CpuTimes, OverheadBudget, SampleCost};
-use super::cpu_clock::{self, ProcessClock, ThreadClock};
+use super::cpu_clock::{self, ThreadClock, TickClocks};
 
 /// Activation samples of one agent (see [`crate::Agent::activation_samples`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -93,6 +93,16 @@ struct Gate {
     last_taken: bool,
 }
 
+/// Which readings of the process's and the transport thread's clocks
+/// [`Sampler::cpu_times`] uses.
+#[derive(Debug, Clone, Copy)]
+enum Clocks {
+    /// The transport thread's, from its last tick: a budget decision's.
+    LastTick,
+    /// Read now, on the calling thread: the report at finish.
+    Now,
+}
+
 #[derive(Debug)]
 pub(crate) struct Sampler {
     gate: Mutex<Gate>,
@@ -104,9 +114,9 @@ pub(crate) struct Sampler {
     /// The transport thread's one-time set-up (its start and first connection),
     /// left out like the metrics thread's warm-up.
     transport_set_up_ns: Arc<AtomicU64>,
-    /// The process's CPU time as the transport thread last read it: what a
-    /// decision reads (see [`ProcessClock`]).
-    process_clock: Arc<ProcessClock>,
+    /// The process's and the transport thread's CPU time as the transport thread
+    /// last read them: what a decision reads (see [`TickClocks`]).
+    tick_clocks: Arc<TickClocks>,
     frozen: AtomicBool,
     pub worker: Arc<WorkerCounters>,
     /// Samples taken on the training thread, and handed to the metrics thread.
@@ -131,7 +141,7 @@ impl Sampler {
         budget: OverheadBudget,
         transport_clock: Option<ThreadClock>,
         transport_set_up_ns: Arc<AtomicU64>,
-        process_clock: Arc<ProcessClock>,
+        tick_clocks: Arc<TickClocks>,
     ) -> Sampler {
         Sampler {
             gate: Mutex::new(Gate {
@@ -145,7 +155,7 @@ impl Sampler {
             transport_clock,
             transport_ns: AtomicU64::new(0),
             transport_set_up_ns,
-            process_clock,
+            tick_clocks,
             frozen: AtomicBool::new(false),
             worker: Arc::default(),
             taken: AtomicU64::new(0),
@@ -186,10 +196,7 @@ impl Sampler {
             worker_ns: self.worker.cpu_ns.load(Ordering::Relaxed),
             first_worker_ns: self.worker.first_ns.load(Ordering::Relaxed),
         };
-        // The process's clock as last read off this thread (its read can take
-        // milliseconds on a loaded machine); read here only before the first.
-        let process_ns = self.process_clock.last_ns().or_else(cpu_clock::process_ns);
-        let take = match self.cpu_times(process_ns) {
+        let take = match self.cpu_times(Clocks::LastTick) {
             Some(now) => {
                 let expected = cost.expected_ns(queued, gate.per_step);
                 gate.controller
@@ -263,7 +270,7 @@ impl Sampler {
     }
 
     pub fn overhead(&self) -> Overhead {
-        let now = self.cpu_times(cpu_clock::process_ns()).unwrap_or_default();
+        let now = self.cpu_times(Clocks::Now).unwrap_or_default();
         Overhead {
             budget: self.budget(),
             agent_ns: now.agent_ns,
@@ -314,15 +321,25 @@ impl Sampler {
 
     /// The process's and the agent's CPU time since the agent started, both without
     /// the set-up of the agent's threads at `init` (not a sample's cost).
-    fn cpu_times(&self, process_ns: Option<u64>) -> Option<CpuTimes> {
+    fn cpu_times(&self, clocks: Clocks) -> Option<CpuTimes> {
+        let (process_ns, transport_ns) = match clocks {
+            // As last read off this thread (a read can take milliseconds on a
+            // loaded machine); read here only before the first tick.
+            Clocks::LastTick => (
+                self.tick_clocks.process_ns().or_else(cpu_clock::process_ns),
+                match self.tick_clocks.transport_ns() {
+                    Some(ns) => self.transport_ns.load(Ordering::Relaxed).max(ns),
+                    None => self.transport_cpu_ns(),
+                },
+            ),
+            Clocks::Now => (cpu_clock::process_ns(), self.transport_cpu_ns()),
+        };
         let process_ns = process_ns?
             .saturating_sub(self.process_at_start?)
             .saturating_sub(self.set_up());
         let agent_ns = self.training_ns.load(Ordering::Relaxed)
             + self.worker.cpu_ns.load(Ordering::Relaxed)
-            + self
-                .transport_cpu_ns()
-                .saturating_sub(self.transport_set_up());
+            + transport_ns.saturating_sub(self.transport_set_up());
         Some(CpuTimes {
             process_ns,
             agent_ns,

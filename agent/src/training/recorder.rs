@@ -129,7 +129,7 @@ impl Recorder {
             config.overhead_budget,
             transport.cpu_clock(),
             transport.set_up_ns(),
-            transport.process_clock(),
+            transport.tick_clocks(),
         );
         let device_index = tch::Cuda::is_available()
             .then_some(config.local_rank as i32 % tch::Cuda::device_count().max(1) as i32);

@@ -109,9 +109,10 @@ pub(crate) struct Counters {
     /// attempt (its start, the runtime, the connection and the Hello): one-time
     /// set-up at `init`, which the overhead budget leaves out. 0 until then.
     pub(crate) set_up_ns: Arc<AtomicU64>,
-    /// The process's CPU time, read by the transport thread on every tick for the
-    /// overhead budget, so that the training thread does not read it.
-    pub(crate) process_clock: Arc<crate::budget::cpu_clock::ProcessClock>,
+    /// The process's CPU time and the transport thread's, read by the transport
+    /// thread on every tick for the overhead budget, so that the training thread
+    /// does not read them.
+    pub(crate) tick_clocks: Arc<crate::budget::cpu_clock::TickClocks>,
 }
 
 /// Requests from the handle to the transport thread.
@@ -273,7 +274,7 @@ impl Streamer {
                     self.set_up_done = true;
                     let ns = crate::budget::cpu_clock::this_thread_ns().unwrap_or(0);
                     self.counters.set_up_ns.store(ns.max(1), Ordering::Relaxed);
-                    self.counters.process_clock.refresh();
+                    self.counters.tick_clocks.refresh();
                 }
             }
             let out = conn
@@ -310,7 +311,7 @@ impl Streamer {
                     }
                 }
                 _ = tick.tick() => {
-                    self.counters.process_clock.refresh();
+                    self.counters.tick_clocks.refresh();
                     for row in data.take(false) {
                         self.push(row);
                     }

@@ -77,10 +77,10 @@ impl Transport {
         self.counters.set_up_ns.clone()
     }
 
-    /// The process's CPU time as the transport thread reads it on its tick, for
-    /// the overhead budget's decisions.
-    pub fn process_clock(&self) -> Arc<crate::budget::cpu_clock::ProcessClock> {
-        self.counters.process_clock.clone()
+    /// The process's CPU time and the transport thread's, as the transport thread
+    /// reads them on its tick, for the overhead budget's decisions.
+    pub fn tick_clocks(&self) -> Arc<crate::budget::cpu_clock::TickClocks> {
+        self.counters.tick_clocks.clone()
     }
 
     /// Queues a row, or gives it back when the queue is full (nothing counted): for
