@@ -20,6 +20,7 @@
 //! side. Within it, imports run down the list above: `spectral` imports no other part.
 
 mod exact;
+mod gram;
 mod health;
 pub mod measure;
 pub mod options;

@@ -8,6 +8,7 @@
 
 use tch::{Device, Kind, TchError, Tensor};
 
+use super::gram;
 use super::spectral::{
     CUM_ENERGY_REL_TOL, Spectral, SpectralErrors, SplitMix64, gaussian, to_host,
 };
@@ -173,8 +174,6 @@ fn unmeasured(steps: usize) -> Sketch {
 /// The growing Krylov space of one matrix and what the estimates need from it.
 struct Krylov {
     x: Tensor,
-    n: i64,
-    d: i64,
     r: i64,
     inverse_norm: f64,
     /// K: r × k, orthonormal columns, the start block Q₀ first.
@@ -229,8 +228,6 @@ impl Krylov {
             .f_to_device(device)?;
         let mut krylov = Krylov {
             x: x.f_to_kind(Kind::Float)?,
-            n,
-            d,
             r,
             // The products are divided by ‖x‖_F: the sketch works on G / Σλ, whose
             // eigenvalues sum to 1, so float32 neither overflows for large activations
@@ -258,22 +255,9 @@ impl Krylov {
     }
 
     /// (aᵀ·v, G·v), both divided by ‖x‖_F, with a the r × c orientation of x (r ≤ c, so
-    /// G = a·aᵀ is the smaller Gram matrix). x stays as it is stored, never copied, and
-    /// each product takes it in the layout the BLAS reads fastest: a transposed x as the
-    /// left factor cost about 16 % more CPU per product, on one thread at 2,048 × 4,096.
+    /// G = a·aᵀ is the smaller Gram matrix).
     fn gram_times(&self, v: &Tensor) -> Result<(Tensor, Tensor), TchError> {
-        let (x, scale) = (&self.x, self.inverse_norm);
-        if self.n <= self.d {
-            // a = x: aᵀ·v = (vᵀ·x)ᵀ and G·v = (vᵀ·x·xᵀ)ᵀ.
-            let half = v.f_tr()?.f_matmul(x)?.f_mul_scalar(scale)?;
-            let full = half.f_matmul(&x.f_tr()?)?.f_mul_scalar(scale)?;
-            Ok((half.f_tr()?, full.f_tr()?))
-        } else {
-            // a = xᵀ: aᵀ·v = x·v and G·v = ((x·v)ᵀ·x)ᵀ.
-            let half = x.f_matmul(v)?.f_mul_scalar(scale)?;
-            let full = half.f_tr()?.f_matmul(x)?.f_mul_scalar(scale)?;
-            Ok((half, full.f_tr()?))
-        }
+        gram::gram_times(&self.x, v, self.inverse_norm)
     }
 
     /// Adds a block's products, growing T and (GK)ᵀ(GK) by its rows and columns.
