@@ -14,9 +14,10 @@ use std::sync::{Arc, OnceLock};
 
 use arrow::array::{
     ArrayRef, BooleanBuilder, Float32Builder, Float64Builder, Int64Builder, RecordBatch,
-    StringBuilder, TimestampMicrosecondBuilder, UInt32Array, UInt32Builder, UInt64Array,
-    UInt64Builder,
+    StringArray, StringBuilder, TimestampMicrosecondBuilder, UInt32Array, UInt32Builder,
+    UInt64Array, UInt64Builder,
 };
+use arrow::buffer::{Buffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use rankscope_proto::v1::RecordingMode;
 use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES, MAX_RUN_ID_LEN};
@@ -488,12 +489,14 @@ pub fn with_head(
     rank: u32,
     seq: u64,
 ) -> RecordBatch {
-    let mut run = StringBuilder::with_capacity(rows, rows * run_id.len());
-    for _ in 0..rows {
-        run.append_value(run_id);
-    }
+    // The one value `rows` times, built whole rather than appended a row at a time.
+    let run = StringArray::new(
+        OffsetBuffer::from_lengths(std::iter::repeat_n(run_id.len(), rows)),
+        Buffer::from(run_id.repeat(rows).into_bytes()),
+        None,
+    );
     let mut arrays: Vec<ArrayRef> = Vec::with_capacity(3 + columns.len());
-    arrays.push(Arc::new(run.finish()));
+    arrays.push(Arc::new(run));
     arrays.push(Arc::new(UInt32Array::from(vec![rank; rows])));
     arrays.push(Arc::new(UInt64Array::from(vec![seq; rows])));
     arrays.extend(columns);

@@ -473,11 +473,33 @@ fn columns_read_as_prost_reads_them_packed_or_not() {
         .unwrap();
     assert_eq!(steps.values().to_vec(), [0, 1, 2, 3]);
 
-    // A double column of 12 bytes, a packed varint cut short, a string that is
-    // not UTF-8: prost refuses each, and so does the reader.
+    // Packed varints of 10 bytes, the longest there is: the tenth byte may be 0
+    // or 1 (the value's top bit), and both readers take the full 64 bits.
+    let ten = |last: u8| [[0xff; 9].as_slice(), &[last]].concat();
+    for last in [0, 1] {
+        let bytes = len_field(
+            2,
+            &len_field(11, &len_field(1, &[&ten(last)[..], &[7]].concat())),
+        );
+        assert!(agrees(&bytes), "tenth byte {last}");
+        let records = decoded(&bytes).finish("r", 0);
+        let steps = records.tables[0].1.column_by_name("step").unwrap();
+        let steps = steps
+            .as_any()
+            .downcast_ref::<arrow::array::UInt64Array>()
+            .unwrap();
+        let top = u64::from(last) << 63;
+        assert_eq!(steps.values().to_vec(), [top | (u64::MAX >> 1), 7]);
+    }
+    // A double column of 12 bytes, a packed varint cut short, one whose tenth byte
+    // is over 1, one of 11 bytes, a string that is not UTF-8: prost refuses each,
+    // and so does the reader.
     for broken in [
         len_field(7, &[0; 12]),
         len_field(1, &[0x80]),
+        len_field(1, &[5, 0x80]),
+        len_field(1, &ten(2)),
+        len_field(1, &[[0xff; 10].as_slice(), &[0]].concat()),
         len_field(30, b"\xff"),
         [key(7, 0), vec![1]].concat(),
     ] {
