@@ -491,6 +491,31 @@ fn columns_read_as_prost_reads_them_packed_or_not() {
         let top = u64::from(last) << 63;
         assert_eq!(steps.values().to_vec(), [top | (u64::MAX >> 1), 7]);
     }
+    // Values of every varint length, 1 to 10 bytes, each at both ends of its
+    // range, in one packed column: read back as they were sent.
+    let values: Vec<u64> = (1..10)
+        .flat_map(|bytes| [1u64 << (7 * (bytes - 1)), (1u64 << (7 * bytes)) - 1])
+        .chain([1 << 63, u64::MAX, 0, 1_764_000_000_000_000])
+        .collect();
+    let rows: Vec<LayerRow> = values
+        .iter()
+        .map(|&step| LayerRow {
+            step,
+            ..Default::default()
+        })
+        .collect();
+    let bytes = len_field(
+        2,
+        &len_field(11, &LayerColumns::from_rows(rows).encode_to_vec()),
+    );
+    assert!(agrees(&bytes));
+    let records = decoded(&bytes).finish("r", 0);
+    let steps = records.tables[0].1.column_by_name("step").unwrap();
+    let steps = steps
+        .as_any()
+        .downcast_ref::<arrow::array::UInt64Array>()
+        .unwrap();
+    assert_eq!(steps.values().to_vec(), values);
     // A double column of 12 bytes, a packed varint cut short, one whose tenth byte
     // is over 1, one of 11 bytes, a string that is not UTF-8: prost refuses each,
     // and so does the reader.
