@@ -233,6 +233,17 @@ fn decoded(bytes: &[u8]) -> DecodedBatch {
     }
 }
 
+/// The `step` column of the `layers` rows of a batch that has only those.
+fn layer_steps(bytes: &[u8]) -> Vec<u64> {
+    let records = decoded(bytes).finish("r", 0);
+    let steps = records.tables[0].1.column_by_name("step").unwrap();
+    let steps = steps
+        .as_any()
+        .downcast_ref::<arrow::array::UInt64Array>()
+        .unwrap();
+    steps.values().to_vec()
+}
+
 #[test]
 fn random_rows_read_back_as_prost_reads_them() {
     let mut rng = Rng::new(0x00c0_ffee_d00d_f00d);
@@ -464,14 +475,7 @@ fn columns_read_as_prost_reads_them_packed_or_not() {
     assert!(agrees(&bytes));
     let b = decoded(&bytes);
     assert_eq!((b.rows(Table::Layers), b.invalid()), (4, None));
-    let records = b.finish("r", 0);
-    let layers = &records.tables[0].1;
-    let steps = layers.column_by_name("step").unwrap();
-    let steps = steps
-        .as_any()
-        .downcast_ref::<arrow::array::UInt64Array>()
-        .unwrap();
-    assert_eq!(steps.values().to_vec(), [0, 1, 2, 3]);
+    assert_eq!(layer_steps(&bytes), [0, 1, 2, 3]);
 
     // Packed varints of 10 bytes, the longest there is: the tenth byte may be 0
     // or 1 (the value's top bit), and both readers take the full 64 bits.
@@ -482,14 +486,8 @@ fn columns_read_as_prost_reads_them_packed_or_not() {
             &len_field(11, &len_field(1, &[&ten(last)[..], &[7]].concat())),
         );
         assert!(agrees(&bytes), "tenth byte {last}");
-        let records = decoded(&bytes).finish("r", 0);
-        let steps = records.tables[0].1.column_by_name("step").unwrap();
-        let steps = steps
-            .as_any()
-            .downcast_ref::<arrow::array::UInt64Array>()
-            .unwrap();
         let top = u64::from(last) << 63;
-        assert_eq!(steps.values().to_vec(), [top | (u64::MAX >> 1), 7]);
+        assert_eq!(layer_steps(&bytes), [top | (u64::MAX >> 1), 7]);
     }
     // Values of every varint length, 1 to 10 bytes, each at both ends of its
     // range, in one packed column: read back as they were sent.
@@ -509,13 +507,7 @@ fn columns_read_as_prost_reads_them_packed_or_not() {
         &len_field(11, &LayerColumns::from_rows(rows).encode_to_vec()),
     );
     assert!(agrees(&bytes));
-    let records = decoded(&bytes).finish("r", 0);
-    let steps = records.tables[0].1.column_by_name("step").unwrap();
-    let steps = steps
-        .as_any()
-        .downcast_ref::<arrow::array::UInt64Array>()
-        .unwrap();
-    assert_eq!(steps.values().to_vec(), values);
+    assert_eq!(layer_steps(&bytes), values);
     // A double column of 12 bytes, a packed varint cut short, one whose tenth byte
     // is over 1, one of 11 bytes, a string that is not UTF-8: prost refuses each,
     // and so does the reader.
