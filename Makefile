@@ -30,7 +30,7 @@ WHEEL_DATA := python/wheel-data
 MATURIN := cd python && CARGO_TARGET_DIR=$(CURDIR)/target maturin
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup delta-readers python python-dev wheel browser terminal demo test lint bench bench-sharding fmt collector clean
+.PHONY: disk-space help setup delta-readers python python-dev wheel browser terminal demo test lint bench bench-sharding fmt collector clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -117,9 +117,27 @@ terminal:
 	@command -v tmux >/dev/null || { echo "installing tmux (rankscope top's terminal test)"; \
 	  (command -v sudo >/dev/null && S=sudo || S=; $$S apt-get update -qq && $$S apt-get install -y -qq tmux); }
 
+# Free space that `make test` needs, in GiB, measured (BENCHMARKS.md, "Build and
+# install times"): the venv with torch (6), the dev build in target/ (3, with
+# the wheels), and the wheel test's own venv under the temp folder (5, removed
+# when it ends). Checked before anything is built: a full disk otherwise fails
+# the run half an hour in.
+VENV_GIB := 6
+TARGET_GIB := 3
+USER_VENV_GIB := 5
+disk-space:
+	@tmp="$${TMPDIR:-/tmp}"; [ -d "$$tmp" ] || tmp=/tmp; \
+	 need=0; [ -e $(STAMP) ] || need=$$((need + $(VENV_GIB))); [ -d target/debug ] || need=$$((need + $(TARGET_GIB))); \
+	 here=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); there=$$(df -Pk "$$tmp" | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	 if [ "$$(stat -c %d .)" = "$$(stat -c %d "$$tmp")" ]; then need=$$((need + $(USER_VENV_GIB))); tmp_need=0; else tmp_need=$(USER_VENV_GIB); fi; \
+	 if [ "$$here" -lt "$$need" ] || [ "$$there" -lt "$$tmp_need" ]; then \
+	   echo "make test needs about $$need GiB free on this disk ($$here GiB are)$$( [ $$tmp_need = 0 ] || echo " and $$tmp_need GiB under $$tmp ($$there GiB are)"):" >&2; \
+	   echo "free some space (old pytest folders under $$tmp, stale builds with 'cargo clean') or set TMPDIR to a roomier disk" >&2; \
+	   exit 1; fi
+
 # The wheel test installs python-dev's wheel (the dev profile) into a fresh
 # venv of its own, as a user would.
-test: $(STAMP) python-dev browser terminal delta-readers ## build everything and run every test (installs the package's dev build)
+test: disk-space $(STAMP) python-dev browser terminal delta-readers ## build everything and run every test (installs the package's dev build)
 	cargo build --workspace --bins
 	cargo test --workspace --no-fail-fast
 	RANKSCOPE_WHEEL="$$(ls target/wheels/dev/rankscope-*.whl)" $(VENV)/bin/python -m pytest -q python/tests

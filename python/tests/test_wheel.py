@@ -44,10 +44,31 @@ def elf(path: Path) -> tuple[list[str], list[str]]:
     return needed, paths
 
 
+# What pip unpacks for the pinned torch (its CUDA libraries included), with room
+# to spare: torch 2.13.0 and what it requires take 4.6 GiB in the project venv.
+VENV_BYTES = 6 << 30
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
-    """A fresh venv with the pinned torch and the wheel, as a user makes it."""
+    """A fresh venv with the pinned torch and the wheel, as a user makes it.
+
+    Removed when the module's tests are done: it holds a whole torch, and pytest
+    keeps the folders of its last three runs."""
     root = tmp_path_factory.mktemp("user")
+    free = shutil.disk_usage(root).free
+    assert free >= VENV_BYTES, (
+        f"the user's venv needs about {VENV_BYTES >> 30} GiB free under {root.parent}, "
+        f"and {free / 2**30:.1f} GiB are: free some space (old pytest folders, cargo's target/)"
+    )
+    try:
+        yield (root, *make_venv(root))
+    finally:
+        shutil.rmtree(root / "venv", ignore_errors=True)
+
+
+def make_venv(root: Path) -> tuple[Path, dict[str, str]]:
+    """(bin folder, environment) of a new venv under ``root`` with torch and the wheel."""
     with zipfile.ZipFile(WHEEL) as wheel:
         meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
         requires = re.findall(r"^Requires-Dist: (.+)$", wheel.read(meta).decode(), re.M)
@@ -67,14 +88,16 @@ def venv(tmp_path_factory):
     # warns without it).
     import numpy
 
-    # pip keeps the real HOME: its cache already holds the pinned torch.
+    # pip keeps the real HOME (its cache already holds the pinned torch) and the
+    # user's own pip settings (an index, a certificate, a folder of wheels).
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet"]
-    pip_env = {**env, "HOME": os.environ["HOME"]}
+    pip_settings = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+    pip_env = {**pip_settings, **env, "HOME": os.environ["HOME"]}
     subprocess.run([*pip, torch_pin, f"numpy=={numpy.__version__}"], check=True, env=pip_env)
     started = time.monotonic()
     subprocess.run([*pip, WHEEL], check=True, env=pip_env)
     print(f"\npip install of the wheel into a venv with torch: {time.monotonic() - started:.1f} s")
-    return root, bin_dir, env
+    return bin_dir, env
 
 
 def test_wheel_holds_the_command_and_links_torch_from_the_installed_package(venv):
