@@ -11,8 +11,10 @@ use tch::{Device, Kind, TchError, Tensor};
 use super::gram;
 use super::spectral::{Spectral, SpectralErrors, SplitMix64, gaussian, to_host};
 use quadrature::Quadrature;
+use top::pencil_top;
 
 mod quadrature;
+mod top;
 
 /// Below this many rows or columns the sketch would span most of the space, and the exact
 /// path is cheap: `sketch` mode measures such a matrix exactly (and says so in `method`).
@@ -35,21 +37,11 @@ const SKETCH_CONVERGED: f64 = 1e-3;
 /// A new block is orthogonalized a second time when its smallest QR pivot is at most this
 /// fraction of the product it came from.
 const SKETCH_REORTHOGONALIZE: f64 = 1e-2;
-/// Ritz values below this fraction of the largest are left out of the second estimate of
-/// λ₁, whose projected matrix divides by them.
-const SKETCH_PENCIL_FLOOR: f64 = 1e-6;
 /// The probability that the bound on λ₁ fails: that the b Gaussian start vectors all but
 /// miss λ₁'s eigenvector.
 pub const SKETCH_FAILURE: f64 = 1e-6;
-/// The lower [`SKETCH_FAILURE`] quantile of χ² with [`SKETCH_BLOCK`] degrees of freedom: with
-/// that probability ‖Q₀ᵀu‖² · r falls below it for a fixed unit vector u and the start block
-/// Q₀ (the regularized lower incomplete gamma P(8, x/2) = 10⁻⁶ at x = 1.4507).
-const CHI2_BLOCK_QUANTILE: f64 = 1.4507;
 /// Standard errors in the sampling part of an error estimate (the probes' spread).
 pub const SKETCH_Z: f64 = 4.0;
-/// The float32 products' rounding, relative to λ₁, allowed for in the residuals that
-/// bound λ₁ (measured: about 10⁻⁶ at 2,048 × 4,096).
-const SKETCH_ROUNDING: f64 = 1e-5;
 /// No error estimate is below this (float32 products and accumulation).
 const SKETCH_ERROR_FLOOR: f64 = 1e-4;
 /// Below this share of Σλ outside the converged Ritz pairs, the space holds the whole
@@ -424,115 +416,6 @@ impl Krylov {
         })
     }
 
-    /// An upper bound on λ₁ (units of Σλ) that holds except with probability
-    /// [`SKETCH_FAILURE`] over the start block. For an eigenpair (x, u) of G, with
-    /// GK = KT + R·E_qᵀ + R_off (R = V'·C the last block's residual, R_off the other blocks'
-    /// round-off) and y = Kᵀu, w = V'ᵀu: y = (x − T)⁻¹(E_q·Cᵀw + R_offᵀu), ‖y‖² + ‖w‖² ≤ 1,
-    /// and the start block's share of u is ‖E₀ᵀy‖². The largest share any unit u allows at
-    /// x falls fast as x moves above the Ritz values; λ₁'s eigenvector has at least
-    /// [`CHI2_BLOCK_QUANTILE`]/r of it (except with that probability), so the largest x
-    /// allowing that much bounds λ₁. `residual_gram` is RᵀR.
-    fn lambda_bound(
-        &self,
-        g_basis: &Tensor,
-        theta: &Tensor,
-        theta_host: &[f64],
-        vectors: &Tensor,
-        residual_gram: &Tensor,
-        top: f64,
-    ) -> Result<f64, TchError> {
-        let r = self.r as f64;
-        let b = SKETCH_BLOCK;
-        let k = theta.size()[0];
-        let options = (Kind::Double, theta.device());
-        if top >= 1.0 {
-            return Ok(1.0);
-        }
-        // ‖Q₀ᵀu‖² = X / (X + Y) with X ~ χ²_b and Y ~ χ²_{r−b}; Y ≤ r + 9√r + 40 except with
-        // probability below 10⁻⁹ (Laurent and Massart), so X below the quantile is the
-        // only way under this share.
-        let least = CHI2_BLOCK_QUANTILE / (r + 9.0 * r.sqrt() + 40.0 + CHI2_BLOCK_QUANTILE);
-        // The float32 products' round-off (an operator-norm allowance, on top of R_off).
-        let rounding = SKETCH_ROUNDING * top;
-        let start = vectors.f_narrow(0, 0, b)?;
-        let last = vectors.f_narrow(0, k - b, b)?;
-        // R_off = GK − KT − R·E_qᵀ, measured; and C with CᵀC = RᵀR + rounding²·I (a larger
-        // C only widens the set of u considered).
-        let mut off_blocks = g_basis.f_sub(
-            &self
-                .basis
-                .f_matmul(&self.projected.f_to_kind(Kind::Float)?)?,
-        )?;
-        let _ = off_blocks.f_narrow(1, k - b, b)?.f_sub_(&self.residual)?;
-        off_blocks = off_blocks.f_to_kind(Kind::Double)?;
-        let off = off_blocks
-            .f_square()?
-            .f_sum(Kind::Double)?
-            .double_value(&[])
-            .sqrt()
-            + rounding;
-        let eye = Tensor::f_eye(b, options)?;
-        let lower = residual_gram
-            .f_add(&eye.f_mul_scalar(rounding * rounding)?)?
-            .f_linalg_cholesky(false)?;
-        // Yᵀ·E_q·Cᵀ (k × b): the last block's residual in the Ritz basis.
-        let coupling = last.f_tr()?.f_matmul(&lower)?;
-        let largest = theta_host.last().copied().unwrap_or(0.0);
-        let share = |x: f64| -> Result<f64, TchError> {
-            // How much the round-off can move y, against the scale of x − T.
-            let slack = off / (x - largest);
-            if slack >= 0.5 {
-                return Ok(f64::INFINITY);
-            }
-            let inverse = theta.f_neg()?.f_add_scalar(x)?.f_reciprocal()?;
-            let first = start.f_mul(&inverse)?.f_matmul(&coupling)?;
-            let scaled = coupling.f_mul(&inverse.f_unsqueeze(1)?)?;
-            let constraint = eye.f_add(
-                &scaled
-                    .f_tr()?
-                    .f_matmul(&scaled)?
-                    .f_mul_scalar(1.0 - slack)?,
-            )?;
-            let reach =
-                first.f_matmul(&Tensor::f_linalg_solve(&constraint, &first.f_tr()?, true)?)?;
-            let reach = max_eigenvalue(&reach)?;
-            let start_scaled = start.f_mul(&inverse)?;
-            let spill =
-                max_eigenvalue(&start_scaled.f_matmul(&start_scaled.f_tr()?)?)?.sqrt() * off;
-            Ok((((1.0 + slack) * reach).max(0.0).sqrt() + spill).powi(2))
-        };
-        // x = top·(1 + eᵘ), u from ln 10⁻⁹ to where x = 1 (λ₁ ≤ Σλ): a coarse scan down
-        // from the top, then bisection where the share crosses `least`.
-        let (low, high) = (1e-9f64.ln(), (1.0 / top - 1.0).max(1e-9).ln());
-        let at = |u: f64| top * (1.0 + u.exp());
-        if share(at(high).min(1.0))? >= least {
-            return Ok(1.0);
-        }
-        const SCAN: usize = 24;
-        let grid: Vec<f64> = (0..=SCAN)
-            .map(|i| high - (high - low) * i as f64 / SCAN as f64)
-            .collect();
-        let mut above = None;
-        for pair in grid.windows(2) {
-            if share(at(pair[1]))? >= least {
-                above = Some((pair[1], pair[0]));
-                break;
-            }
-        }
-        let Some((mut lo, mut hi)) = above else {
-            return Ok(at(low));
-        };
-        for _ in 0..14 {
-            let mid = 0.5 * (lo + hi);
-            if share(at(mid))? >= least {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        Ok(at(hi).min(1.0))
-    }
-
     /// Σλ² (units of (Σλ)²) and its standard error: ‖G·K‖²_F exactly, plus ‖G·(I − P)‖²_F
     /// by Hutchinson's estimator over the probes Z, with zᵀ(I − P)G(I − P)z, whose mean
     /// 1 − tr T is known exactly, as a control variate.
@@ -653,47 +536,12 @@ fn grow(gram: &Tensor, olds: &[Tensor], new: &Tensor) -> Result<Tensor, TchError
     Tensor::f_cat(&[&upper, &lower], 0)
 }
 
-/// The pencil's top eigenvalue (Kᵀ·G²·K, Kᵀ·G·K), on the Ritz directions T can divide by:
-/// the Rayleigh quotient of AᵀA on the space Aᵀ·K, one degree higher in G for free.
-fn pencil_top(
-    theta: &Tensor,
-    theta_host: &[f64],
-    vectors: &Tensor,
-    squares: &Tensor,
-) -> Result<f64, TchError> {
-    let k = theta_host.len() as i64;
-    let largest = theta_host.last().copied().unwrap_or(0.0);
-    let skip = theta_host
-        .iter()
-        .take_while(|&&t| t <= SKETCH_PENCIL_FLOOR * largest)
-        .count() as i64;
-    if largest <= 0.0 || skip >= k {
-        return Ok(0.0);
-    }
-    let scaled = vectors
-        .f_narrow(1, skip, k - skip)?
-        .f_div(&theta.f_narrow(0, skip, k - skip)?.f_sqrt()?)?;
-    let pencil = scaled.f_tr()?.f_matmul(squares)?.f_matmul(&scaled)?;
-    Ok(to_host(&pencil.f_linalg_eigvalsh("L")?)?
-        .last()
-        .copied()
-        .unwrap_or(0.0))
-}
-
 /// `y` with its components along the orthonormal columns of `basis` removed (classical
 /// Gram–Schmidt, twice: once is not enough in floating point).
 fn orthogonal_to(y: &Tensor, basis: &Tensor) -> Result<Tensor, TchError> {
     let basis_t = basis.f_tr()?;
     let once = y.f_sub(&basis.f_matmul(&basis_t.f_matmul(y)?)?)?;
     once.f_sub(&basis.f_matmul(&basis_t.f_matmul(&once)?)?)
-}
-
-/// The largest eigenvalue of a small symmetric matrix.
-fn max_eigenvalue(m: &Tensor) -> Result<f64, TchError> {
-    Ok(to_host(&m.f_linalg_eigvalsh("L")?)?
-        .last()
-        .copied()
-        .unwrap_or(f64::INFINITY))
 }
 
 /// `value` within [low, high], `high` winning where the two cross (rounding).
