@@ -4,7 +4,19 @@
 
 SHELL := /bin/bash
 VENV := .venv
+# The torch of this venv: the libtorch that tch (the Rust training programs,
+# `rankscope train`) compiles against, and the real torchrun.
 TORCH_VERSION := 2.13.0
+# The Python package links no libtorch: its wheel is tested beside the oldest and
+# the newest torch it supports (python/tests/test_wheel.py), and requires the
+# oldest as a floor (python/pyproject.toml, rankscope/__init__.py).
+TORCH_FLOOR := 2.11.0
+TORCH_NEWEST := 2.15.0
+# `make wheel`'s manylinux build: zig links against an older glibc.
+ZIGLANG_VERSION := 0.17.0
+CARGO_ZIGBUILD_VERSION := 0.24.0
+AUDITWHEEL_VERSION := 6.8.2
+MANYLINUX := 2_28
 DUCKDB_VERSION := 1.5.6
 MATURIN_VERSION := 1.16.0
 PYTEST_VERSION := 8.4.2
@@ -30,7 +42,7 @@ WHEEL_DATA := python/wheel-data
 MATURIN := cd python && CARGO_TARGET_DIR=$(CURDIR)/target maturin
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: disk-space help setup delta-readers python python-dev wheel browser terminal demo test lint bench bench-sharding fmt collector clean
+.PHONY: disk-space help setup delta-readers python python-dev wheel wheel-local browser terminal demo test lint bench bench-sharding fmt collector clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -70,31 +82,55 @@ setup: $(STAMP) python ## create the venv (torch, torchrun, duckdb) and install 
 
 # The `rankscope` command as the wheel ships it: the binary without libtorch
 # (collector, report, demo, ...), which starts in milliseconds. $(1) is cargo's
-# profile flag, $(2) its folder under target/. It is copied at once: a later
-# `cargo build` of the full binary (with `train` and `bench`) takes the same name.
+# profile flag, $(2) its folder under target/. It is copied at once (stripped:
+# symbols are most of its size): a later `cargo build` of the full binary (with
+# `train` and `bench`) takes the same name.
 define command-binary
 	cargo build $(1) -p rankscope --no-default-features --features delta
 	mkdir -p $(WHEEL_DATA)/scripts
 	cp target/$(2)/rankscope $(WHEEL_DATA)/scripts/rankscope
+	strip $(WHEEL_DATA)/scripts/rankscope
 endef
 
-# The package as a wheel: the extension and the `rankscope` command. $(1) is
-# maturin's profile flag, $(2) the folder under target/wheels. The venv installs
-# this same wheel (not an editable build), as a user would.
+# The package as a wheel: the extension (abi3, no libtorch) and the `rankscope`
+# command. $(1) is maturin's profile flag, $(2) the folder under target/wheels.
+# The venv installs this same wheel (not an editable build), as a user would.
 define package-wheel
 	rm -rf target/wheels/$(2)
-	$(MATURIN) build $(1) --compatibility linux --quiet --interpreter $(CURDIR)/$(VENV)/bin/python --out $(CURDIR)/target/wheels/$(2)
+	$(MATURIN) build $(1) --strip --compatibility linux --quiet --interpreter $(CURDIR)/$(VENV)/bin/python --out $(CURDIR)/target/wheels/$(2)
 endef
 
-# A wheel for users: it requires the exact torch it was built against and loads
-# that torch's libtorch (README: "Install with pip").
-wheel: $(STAMP) ## build the user's wheel into target/wheels/release
+# zig, cargo-zigbuild and auditwheel, for the manylinux wheel only.
+ZIG_STAMP := $(VENV)/.zig-$(ZIGLANG_VERSION)-$(CARGO_ZIGBUILD_VERSION)-$(AUDITWHEEL_VERSION)
+$(ZIG_STAMP): $(STAMP)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
+	  ziglang==$(ZIGLANG_VERSION) cargo-zigbuild==$(CARGO_ZIGBUILD_VERSION) auditwheel==$(AUDITWHEEL_VERSION)
+	@touch $@
+
+# The wheel users install: one per platform, cp39-abi3 and manylinux_$(MANYLINUX)
+# (zig links both the extension and the command against glibc 2.28), requiring
+# torch>=$(TORCH_FLOOR) and installing beside whatever supported torch is there.
+ZIG_TARGET := x86_64-unknown-linux-gnu.$(subst _,.,$(MANYLINUX))
+wheel: $(ZIG_STAMP) ## build the user's manylinux wheel into target/wheels/dist
+	cargo zigbuild --release -p rankscope --no-default-features --features delta --target $(ZIG_TARGET)
+	mkdir -p $(WHEEL_DATA)/scripts
+	cp target/x86_64-unknown-linux-gnu/release/rankscope $(WHEEL_DATA)/scripts/rankscope
+	strip $(WHEEL_DATA)/scripts/rankscope
+	rm -rf target/wheels/dist
+	$(MATURIN) build --release --strip --zig --target x86_64-unknown-linux-gnu --compatibility manylinux_$(MANYLINUX) \
+	  --quiet --interpreter $(CURDIR)/$(VENV)/bin/python --out $(CURDIR)/target/wheels/dist
+	$(VENV)/bin/auditwheel show target/wheels/dist/rankscope-*.whl
+	@ls -l target/wheels/dist/rankscope-*.whl
+
+# The package as this machine's venv uses it (`make setup`, `make demo`): the
+# release build, linked for this machine's glibc.
+wheel-local: $(STAMP)
 	$(call command-binary,--release,release)
 	$(call package-wheel,--release,release)
 
 # The `rankscope` Python package (python/) and its `rankscope` command,
-# built against the venv's torch and installed into the venv.
-python: wheel ## build and install the rankscope package (and command) into .venv
+# installed into the venv beside its torch.
+python: wheel-local ## build and install the rankscope package (and command) into .venv
 	$(VENV)/bin/pip install --quiet --no-deps --force-reinstall target/wheels/release/rankscope-*.whl
 
 # The package as `make test` uses it: the dev profile. `make python` installs
@@ -119,9 +155,9 @@ terminal:
 
 # Free space that `make test` needs, in GiB, measured (BENCHMARKS.md, "Build and
 # install times"): the venv with torch (6), the dev build in target/ (3, with
-# the wheels), and the wheel test's own venv under the temp folder (6: torch and
-# what it requires take 4.6; removed when it ends; the test checks this figure
-# again). Checked before anything is built: a full disk otherwise fails the run
+# the wheels), and the wheel test's own venvs under the temp folder (6: torch and
+# what it requires take 4.6; one venv at a time, each removed when its tests end;
+# the test checks this figure again). Checked before anything is built: a full disk otherwise fails the run
 # half an hour in.
 VENV_GIB := 6
 TARGET_GIB := 3
@@ -136,12 +172,13 @@ disk-space:
 	   echo "free some space (old pytest folders under $$tmp, stale builds with 'cargo clean') or set TMPDIR to a roomier disk" >&2; \
 	   exit 1; fi
 
-# The wheel test installs python-dev's wheel (the dev profile) into a fresh
-# venv of its own, as a user would.
+# The wheel test installs python-dev's wheel (the dev profile) into a fresh venv
+# beside the oldest and then the newest supported torch, as a user would.
 test: disk-space $(STAMP) python-dev browser terminal delta-readers ## build everything and run every test (installs the package's dev build)
 	cargo build --workspace --bins
 	cargo test --workspace --no-fail-fast
 	RANKSCOPE_WHEEL="$$(ls target/wheels/dev/rankscope-*.whl)" RANKSCOPE_USER_VENV_GIB=$(USER_VENV_GIB) \
+	  RANKSCOPE_TORCH_VERSIONS="$(TORCH_FLOOR) $(TORCH_NEWEST)" \
 	  $(VENV)/bin/python -m pytest -q python/tests
 
 lint: setup ## rustfmt and clippy, as CI wants them

@@ -1,11 +1,9 @@
 //! With the `torch` feature: compiles the small C++ shim that reads libtorch's
-//! accelerator allocator statistics and limits a thread's intra-op parallelism
-//! (tch has no binding for either), and makes
-//! binaries that link this crate find libtorch at run time.
+//! accelerator allocator statistics (tch has no binding for it), and makes binaries
+//! that link this crate find libtorch at run time.
 
 fn main() {
-    println!("cargo:rerun-if-changed=src/training/device_stats.cpp");
-    println!("cargo:rerun-if-changed=src/sampling/threads.cpp");
+    println!("cargo:rerun-if-changed=src/torch/device_stats.cpp");
     #[cfg(feature = "torch")]
     torch::build();
 }
@@ -23,8 +21,7 @@ mod torch {
             .to_path_buf();
         cc::Build::new()
             .cpp(true)
-            .file("src/training/device_stats.cpp")
-            .file("src/sampling/threads.cpp")
+            .file("src/torch/device_stats.cpp")
             .include(root.join("include"))
             .include(root.join("include/torch/csrc/api/include"))
             .flag("-std=c++17")

@@ -16,13 +16,17 @@ pub mod event_kind {
     pub const SPILL_DAMAGED: &str = "spill_damaged";
     /// NaN or ±Inf in a sampled activation.
     pub const NONFINITE_ACTIVATION: &str = "nonfinite_activation";
-    pub const ALL: [&str; 6] = [
+    /// An activation the agent could not read (its element type, its device, its
+    /// layout: a sparse, meta or quantized tensor), so no sample of it was taken.
+    pub const SAMPLE_UNREADABLE: &str = "sample_unreadable";
+    pub const ALL: [&str; 7] = [
         ROWS_DROPPED,
         SAMPLES_DROPPED,
         SAMPLES_SKIPPED,
         OVERHEAD_SHARE,
         SPILL_DAMAGED,
         NONFINITE_ACTIVATION,
+        SAMPLE_UNREADABLE,
     ];
 }
 

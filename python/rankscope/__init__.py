@@ -26,13 +26,25 @@ Parquet for DuckDB. See ``help(rankscope.init)`` for the settings.
 
 import torch as _torch
 
-from ._built_with import TORCH_VERSION as _BUILT_TORCH
+# The oldest torch tested (python/tests/test_wheel.py); pyproject.toml requires it.
+_TORCH_FLOOR = (2, 11)
 
-if _torch.__version__ != _BUILT_TORCH:
+
+def _torch_release(version: str) -> tuple:
+    """``(major, minor)`` of a torch version, local suffixes (``+cu130``) and
+    pre-releases (``2.16.0a0``) allowed."""
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+if _torch_release(_torch.__version__) < _TORCH_FLOOR:
     raise ImportError(
-        f"rankscope was built against torch {_BUILT_TORCH} but torch "
-        f"{_torch.__version__} is installed: install torch=={_BUILT_TORCH.split('+')[0]} "
-        "or rebuild rankscope against this torch (make setup)"
+        f"rankscope needs torch {_TORCH_FLOOR[0]}.{_TORCH_FLOOR[1]} or newer, but torch "
+        f"{_torch.__version__} is installed: upgrade torch "
+        f"(pip install 'torch>={_TORCH_FLOOR[0]}.{_TORCH_FLOOR[1]}')"
     )
 
 from ._native import ConfigError, Report  # noqa: E402

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from . import _collectives, _native
+from . import _collectives, _device, _native
 from ._modules import _compiled_paths, _is_ddp, _keep_hook, _layers, _profiled, _unwrap, layer_name
 from ._native import NativeStep, Report
 
@@ -100,6 +100,11 @@ class Agent:
         self._watched: List[Tuple[str, nn.Module, Optional[str]]] = []
         self._cuda = torch.cuda.is_available()
         self._deferred: Optional[_Deferred] = _Deferred(native) if self._cuda else None
+        self._device: Optional[_device.DeviceSide] = None
+        if self._cuda:
+            self._device = _device.DeviceSide(native, _device.pool_bytes_from_env())
+            native._set_device_side(self._device)
+            native._set_device_memory(_device.device_memory(_local_device()))
         self._report: Optional[Report] = None
         _collectives.install(native, self._deferred)
         # Finish at exit without keeping the agent alive just for that.
@@ -206,8 +211,8 @@ class Agent:
         "optimizer"):`` times a phase, and ``s.record(loss=, lr=, grad_norm=,
         samples=)`` takes floats or 0-d tensors."""
         s = self._native.step(step)
-        if self._deferred is not None:
-            return _CudaStep(s, self._deferred)
+        if self._deferred is not None and self._device is not None:
+            return _CudaStep(s, self._deferred, self._device)
         return s
 
     def event(self, kind: str, message: str, value: Optional[int] = None) -> None:
@@ -230,6 +235,8 @@ class Agent:
             _collectives.stop(self._native)
             if self._deferred is not None:
                 self._deferred.flush()
+            if self._device is not None:
+                self._device.flush()
             self._report = self._native.finish()
         return self._report
 
@@ -384,11 +391,12 @@ class _CudaStep:
     copies (and the step's all-reduce timings) are complete, at a later step or at
     finish, so the training thread never waits for the device."""
 
-    __slots__ = ("_s", "_deferred", "_tensors")
+    __slots__ = ("_s", "_deferred", "_device", "_tensors")
 
-    def __init__(self, s: NativeStep, deferred: "_Deferred") -> None:
+    def __init__(self, s: NativeStep, deferred: "_Deferred", device: "_device.DeviceSide") -> None:
         self._s = s
         self._deferred = deferred
+        self._device = device
         self._tensors: dict = {}
 
     @property
@@ -407,6 +415,8 @@ class _CudaStep:
         # hand-over below is counted in the next step's.
         self._s.stop()
         self._deferred.hold(self._s, self._tensors)
+        # Samples whose device reduction has completed go to the metrics thread.
+        self._device.poll()
 
     def phase(self, name: str) -> Any:
         return self._s.phase(name)
@@ -480,6 +490,17 @@ class _Deferred:
             s.add_comm(kind, count, total, ms)
         s.send()
         return perf_counter_ns()
+
+
+def _local_device() -> int:
+    """This rank's CUDA device: ``LOCAL_RANK`` modulo the devices it sees (torchrun,
+    SLURM), else the current one."""
+    import os
+
+    local = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID"))
+    if local is not None and local.isdigit():
+        return int(local) % max(torch.cuda.device_count(), 1)
+    return torch.cuda.current_device()
 
 
 def _allreduce(state, bucket):  # type: ignore[no-untyped-def]

@@ -19,14 +19,15 @@ _WRAPPER_PARTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_m
 torch.compile) and layer names leave out."""
 
 
-def _profiled(name: str, p: torch.Tensor) -> Tuple[str, torch.Tensor, Optional[List[int]]]:
-    """A parameter for the profile: this rank's tensor, and the whole parameter's
-    shape where it is a shard (an FSDP2 ``DTensor``)."""
+def _profiled(name: str, p: torch.Tensor) -> Tuple[str, List[int], int, bool, Optional[List[int]]]:
+    """A parameter for the profile: the shape, element size and trainability of this
+    rank's tensor, and the whole parameter's shape where it is a shard (an FSDP2
+    ``DTensor``)."""
     to_local = getattr(p, "to_local", None)
     if to_local is None:
-        return name, p, None
-    local = to_local().detach().requires_grad_(p.requires_grad)
-    return name, local, list(p.shape)
+        return name, list(p.shape), p.element_size(), p.requires_grad, None
+    local = to_local()
+    return name, list(local.shape), local.element_size(), p.requires_grad, list(p.shape)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

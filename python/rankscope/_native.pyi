@@ -4,8 +4,6 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
 
-BUILT_TORCH: str
-
 class ConfigError(ValueError):
     """A wrong rankscope setting: the message names the variable or keyword and the fix."""
 
@@ -50,6 +48,12 @@ class NativeStep:
     def add_comm(self, kind: str, count: int, nbytes: int, ms: float) -> None:
         """Adds collectives to this step's ``comm`` rows after its clock stopped."""
 
+class NativePending:
+    """A sample taken on the training thread whose reduction runs on a GPU."""
+
+class TorchSide:
+    """``torch.Tensor`` and the device side, which the hooks share."""
+
 class NativeHook:
     """A watched module's forward hook: observes its output as one layer."""
 
@@ -81,9 +85,30 @@ class NativeAgent:
         ``reduce_scatter``, ``broadcast`` or ``other``) to the running step's
         ``comm`` rows. Callable from any thread."""
     def event(self, kind: str, message: str, value: Optional[int] = None) -> None: ...
+    def _set_device_side(self, device_side: Any) -> None:
+        """Sets the device side that reduces samples on a GPU (once)."""
+    def _set_device_memory(self, read: Callable[[], Optional[Tuple[int, int, int]]]) -> None:
+        """Sets what reads ``(allocated, reserved, peak)`` device bytes for each step row."""
+    def _host_to_device_side(self, on: bool) -> None:
+        """Tests only: host tensors go to the device side too (no stream)."""
+    def hand_over_reduced(
+        self,
+        token: NativePending,
+        finite: int,
+        nonfinite: int,
+        sum: float,
+        sum_sq: float,
+        zeros: int,
+        gram: Optional[torch.Tensor],
+    ) -> None:
+        """Hands over a sample the device side reduced (its event has completed)."""
+    def hand_over_failed(self, token: NativePending, why: str) -> None:
+        """Hands over a sample the device side could not reduce (counted as dropped)."""
+    def pinned_bytes_held(self) -> int:
+        """Bytes of device reductions in pinned memory that the metrics thread holds."""
     def profile(
         self,
-        parameters: List[Tuple[str, torch.Tensor, Optional[List[int]]]],
+        parameters: List[Tuple[str, List[int], int, bool, Optional[List[int]]]],
         optimizer: str,
         forward: Callable[[], None],
     ) -> List[dict]: ...

@@ -43,8 +43,8 @@ pub fn text(
     let Some(value) = value.filter(|v| !v.is_none()) else {
         return Ok(None);
     };
-    match value.downcast::<PyString>() {
-        Ok(s) => Ok(Some(s.to_str()?.to_string())),
+    match value.cast::<PyString>() {
+        Ok(s) => Ok(Some(s.to_cow()?.into_owned())),
         Err(_) => Err(wrong_type(name, value, "a string", example)),
     }
 }
@@ -82,8 +82,8 @@ pub fn overhead_budget(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Over
     let Some(value) = value.filter(|v| !v.is_none()) else {
         return Ok(None);
     };
-    let budget = if let Ok(s) = value.downcast::<PyString>() {
-        OverheadBudget::parse(s.to_str()?)
+    let budget = if let Ok(s) = value.cast::<PyString>() {
+        OverheadBudget::parse(&s.to_cow()?)
     } else if !value.is_instance_of::<PyBool>()
         && (value.is_instance_of::<PyFloat>() || value.is_instance_of::<PyInt>())
     {

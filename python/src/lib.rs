@@ -6,7 +6,9 @@
 //! - [`NativeAgent`] (here): one rank's agent (`rankscope.init()` wraps it);
 //! - `step`: [`NativeStep`] and [`NativePhase`], the step and phase context managers;
 //! - `hooks`: [`NativeHook`], the forward hook of a watched module, which a sampled
-//!   step's [`NativeStep`] puts in place and takes out;
+//!   step's [`NativeStep`] puts in place and takes out, and how an output becomes a
+//!   sample (host memory: read here; a GPU: the package's device side reduces it);
+//! - `dlpack`: tensors crossing through DLPack;
 //! - `report`: [`Report`], what `finish()` returns;
 //! - `keywords`: the checks of `init`'s keywords.
 //!
@@ -19,26 +21,28 @@
 //! the package (`python -m rankscope` runs it), so the extension carries no query
 //! engine and the command starts without loading libtorch.
 //!
-//! Tensors cross as the caller's `at::Tensor` (pyo3-tch), never through numpy.
+//! Tensors cross through DLPack (dlpark), never through numpy, and the extension
+//! links no libtorch: one abi3 wheel serves every supported torch.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use pyo3_tch::PyTensor;
-use rankscope_agent::Optimizer;
 use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
-use rankscope_agent::{Agent, Mode};
+use rankscope_agent::sampling::worker::JobInput;
+use rankscope_agent::sampling::{HealthSums, HostSample, Reduced, SampleData};
+use rankscope_agent::{Agent, DeviceBytes, DeviceMemory, Mode, Optimizer, Parameter};
 
+mod dlpack;
 mod hooks;
 mod keywords;
 mod report;
 mod step;
 
-use hooks::{HookSlot, NativeHook, layer_kind, tensor_of};
+use hooks::{HookSlot, NativeHook, NativePending, TorchSide, layer_kind};
 use report::{Report, empty_report};
 use step::{NativePhase, NativeStep, comm_kind};
 
@@ -48,10 +52,6 @@ pyo3::create_exception!(
     pyo3::exceptions::PyValueError,
     "A wrong rankscope setting: the message names the variable or keyword and the fix."
 );
-
-/// The torch whose libtorch this extension links (`build.rs`; the package checks it
-/// before loading the extension).
-const BUILT_TORCH: &str = env!("RANKSCOPE_BUILT_TORCH");
 
 /// One rank's agent. Inert (every call returns at once) where the agent is off.
 #[pyclass(module = "rankscope._native", frozen)]
@@ -63,6 +63,29 @@ struct NativeAgent {
     comm_ns: AtomicU64,
     /// The hooks of watched modules, put in place for sampled steps only.
     hooks: Mutex<Vec<HookSlot>>,
+    /// `torch.Tensor` and the device side, which the hooks share.
+    torch: Py<TorchSide>,
+    /// Bytes of device reductions in pinned host memory that the metrics thread holds.
+    pinned_held: Arc<AtomicU64>,
+}
+
+/// The step rows' device memory, read by a Python callable (the package's, over
+/// `torch.cuda`'s counters) that returns `(allocated, reserved, peak)` or `None`.
+#[derive(Debug)]
+struct PythonDeviceMemory(Py<PyAny>);
+
+impl DeviceMemory for PythonDeviceMemory {
+    fn read(&self) -> Option<DeviceBytes> {
+        Python::attach(|py| {
+            let (allocated, reserved, peak): (u64, u64, u64) =
+                self.0.bind(py).call0().ok()?.extract().ok()?;
+            Some(DeviceBytes {
+                allocated,
+                reserved,
+                peak,
+            })
+        })
+    }
 }
 
 #[pymethods]
@@ -116,9 +139,10 @@ impl NativeAgent {
     /// A forward hook observing its module's output as layer `name`
     /// (`hook(module, inputs, output)`, as `register_forward_hook` calls it).
     #[pyo3(signature = (name, kind = None))]
-    fn hook(&self, name: &str, kind: Option<&str>) -> NativeHook {
+    fn hook(&self, py: Python<'_>, name: &str, kind: Option<&str>) -> NativeHook {
         NativeHook {
             agent: self.agent.clone(),
+            torch: self.torch.clone_ref(py),
             name: name.to_string(),
             kind: layer_kind(kind),
             observed: AtomicU64::new(0),
@@ -128,7 +152,7 @@ impl NativeAgent {
     /// Keeps `hook` for sampled steps: each puts it in `hooks` (a module's
     /// `_forward_hooks`) under `key` (the id `register_forward_hook` gave it) and
     /// takes it out at its end.
-    fn watch_hook(&self, hooks: PyObject, key: PyObject, hook: Bound<'_, NativeHook>) {
+    fn watch_hook(&self, hooks: Py<PyAny>, key: Py<PyAny>, hook: Bound<'_, NativeHook>) {
         let slot = HookSlot {
             hooks,
             key,
@@ -142,17 +166,114 @@ impl NativeAgent {
 
     /// Observes an activation of layer `name` (a no-op unless this step is sampled).
     #[pyo3(signature = (name, tensor, kind = None))]
-    fn observe(&self, name: &str, tensor: &Bound<'_, PyAny>, kind: Option<&str>) -> PyResult<()> {
+    fn observe(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        tensor: &Bound<'_, PyAny>,
+        kind: Option<&str>,
+    ) -> PyResult<()> {
         let since = Instant::now();
-        let Some(tensor) = tensor_of(tensor) else {
+        let torch = self.torch.bind(py).get();
+        if !tensor.is_instance(torch.tensor_type.bind(py))? {
             return Err(PyTypeError::new_err(format!(
                 "observe({name:?}, ...): expected a torch.Tensor, got {}",
                 tensor.get_type()
             )));
-        };
-        self.agent
-            .observe_since(name, layer_kind(kind), &tensor, since);
+        }
+        hooks::observe(&self.agent, torch, name, layer_kind(kind), tensor, since);
         Ok(())
+    }
+
+    /// Sets the device side (`rankscope._device.DeviceSide`) that reduces samples on a
+    /// GPU. Once.
+    fn _set_device_side(&self, py: Python<'_>, device_side: Py<PyAny>) -> PyResult<()> {
+        self.torch
+            .bind(py)
+            .get()
+            .device_side
+            .set(device_side)
+            .map_err(|_| PyRuntimeError::new_err("the device side is set already"))
+    }
+
+    /// Tests only: `True` sends host tensors to the device side as well (its
+    /// reduction runs there without a stream), to check its numbers without a GPU.
+    fn _host_to_device_side(&self, py: Python<'_>, on: bool) {
+        self.torch
+            .bind(py)
+            .get()
+            .host_to_device_side
+            .store(on, Ordering::Relaxed);
+    }
+
+    /// Sets what reads the device memory of every step row: a callable returning
+    /// `(allocated, reserved, peak)` bytes or `None`, called at the end of each step.
+    fn _set_device_memory(&self, read: Py<PyAny>) {
+        self.agent
+            .set_device_memory(Box::new(PythonDeviceMemory(read)));
+    }
+
+    /// Hands over a sample the device side reduced (its event has completed): the
+    /// health sums over its finite elements and its Gram matrix (a contiguous float32
+    /// host tensor, `None` when an element is not finite).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (token, finite, nonfinite, sum, sum_sq, zeros, gram))]
+    fn hand_over_reduced(
+        &self,
+        token: &Bound<'_, NativePending>,
+        finite: u64,
+        nonfinite: u64,
+        sum: f64,
+        sum_sq: f64,
+        zeros: u64,
+        gram: Option<&Bound<'_, PyAny>>,
+    ) {
+        let token = token.get();
+        let Some(pending) = token.pending.lock().ok().and_then(|mut p| p.take()) else {
+            return;
+        };
+        let side = token.rows.min(token.cols);
+        let gram = match gram {
+            Some(g) => match dlpack::PinnedGram::new(g, side, self.pinned_held.clone()) {
+                Ok(g) => Some(Box::new(g) as Box<dyn rankscope_agent::sampling::F32Buffer>),
+                Err(why) => {
+                    self.agent.hand_over(pending, Err(why));
+                    return;
+                }
+            },
+            None => None,
+        };
+        let sample = HostSample {
+            rows: token.rows,
+            cols: token.cols,
+            conv_layout: token.conv_layout,
+            seed: pending.seed,
+            data: SampleData::Reduced(Reduced {
+                health: HealthSums {
+                    finite,
+                    nonfinite,
+                    sum,
+                    sum_sq,
+                    zeros,
+                },
+                gram,
+                side,
+            }),
+        };
+        self.agent.hand_over(pending, Ok(JobInput::Ready(sample)));
+    }
+
+    /// Hands over a sample the device side could not reduce (or skipped: its
+    /// pinned-memory pool was full), counted as dropped with `why` in an event.
+    fn hand_over_failed(&self, token: &Bound<'_, NativePending>, why: &str) {
+        if let Some(pending) = token.get().pending.lock().ok().and_then(|mut p| p.take()) {
+            self.agent.hand_over(pending, Err(why.to_string()));
+        }
+    }
+
+    /// Bytes of device reductions in pinned host memory that the metrics thread holds.
+    fn pinned_bytes_held(&self) -> u64 {
+        self.pinned_held.load(Ordering::Relaxed)
     }
 
     /// `False`: samples are copied into new allocations, as before the agent reused
@@ -209,14 +330,16 @@ impl NativeAgent {
         self.agent.event(kind, message, value);
     }
 
-    /// Runs `forward()` once with gradients off to see layer shapes, then records one
-    /// `model` row per layer from `parameters`: `(name, tensor, whole_shape)`, where
-    /// `tensor` is this rank's and `whole_shape` the whole parameter's shape if
-    /// `tensor` is a shard of it (else `None`). Returns the rows as dicts.
+    /// Runs `forward()` once (which turns gradients off) to see layer shapes, then
+    /// records one `model` row per layer from `parameters`: `(name, shape,
+    /// element_bytes, requires_grad, whole_shape)` of this rank's tensor, where
+    /// `whole_shape` is the whole parameter's shape if the tensor is a shard of it
+    /// (else `None`). Returns the rows as dicts.
+    #[allow(clippy::type_complexity)]
     fn profile<'py>(
         &self,
         py: Python<'py>,
-        parameters: Vec<(String, PyTensor, Option<Vec<i64>>)>,
+        parameters: Vec<(String, Vec<i64>, u64, bool, Option<Vec<i64>>)>,
         optimizer: &str,
         forward: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
@@ -231,14 +354,16 @@ impl NativeAgent {
             }
         };
         let mut failure = None;
-        let rows = self.agent.profile_sharded(
-            parameters.into_iter().map(|(path, t, whole_shape)| {
-                rankscope_agent::training::profile::Parameter {
+        let rows = self.agent.profile_parameters(
+            parameters.into_iter().map(
+                |(path, shape, element_bytes, requires_grad, whole_shape)| Parameter {
                     path,
-                    tensor: t.0,
+                    shape,
+                    element_bytes,
+                    requires_grad,
                     whole_shape,
-                }
-            }),
+                },
+            ),
             optimizer,
             || {
                 if let Err(error) = forward.call0() {
@@ -280,7 +405,7 @@ impl NativeAgent {
     /// acknowledge it, without holding the GIL. Callable more than once.
     fn finish(&self, py: Python<'_>) -> Report {
         let agent = self.agent.clone();
-        Report::from(py.allow_threads(move || agent.finish()))
+        Report::from(py.detach(move || agent.finish()))
     }
 }
 
@@ -346,7 +471,7 @@ fn init(
         None => builder.build(),
     };
     let agent = match config {
-        Ok(config) => py.allow_threads(|| Agent::new(config)),
+        Ok(config) => py.detach(|| Agent::new(config)),
         Err(error) => match builder.on_error() {
             Ok(OnConfigError::Disable) => {
                 let warning = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
@@ -365,11 +490,22 @@ fn init(
             Err(on_error) => return Err(ConfigError::new_err(on_error.to_string())),
         },
     };
+    let tensor_type = py.import("torch")?.getattr("Tensor")?.unbind();
+    let torch = Py::new(
+        py,
+        TorchSide {
+            tensor_type,
+            device_side: OnceLock::new(),
+            host_to_device_side: AtomicBool::new(false),
+        },
+    )?;
     Ok(NativeAgent {
         agent,
         comm: AtomicBool::new(false),
         comm_ns: AtomicU64::new(0),
         hooks: Mutex::new(Vec::new()),
+        torch,
+        pinned_held: Arc::new(AtomicU64::new(0)),
     })
 }
 
@@ -393,12 +529,13 @@ fn init_logging() {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    m.add("BUILT_TORCH", BUILT_TORCH)?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add_class::<NativeAgent>()?;
     m.add_class::<NativeStep>()?;
     m.add_class::<NativePhase>()?;
     m.add_class::<NativeHook>()?;
+    m.add_class::<NativePending>()?;
+    m.add_class::<TorchSide>()?;
     m.add_class::<Report>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(empty_report, m)?)?;

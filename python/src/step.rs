@@ -7,7 +7,6 @@ use std::time::Instant;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyFloat, PyInt};
-use pyo3_tch::PyTensor;
 use rankscope_agent::{CommKind, Phase, StepGuard};
 
 use crate::NativeAgent;
@@ -44,9 +43,9 @@ impl NativeStep {
     fn __exit__(
         &mut self,
         py: Python<'_>,
-        _exc_type: PyObject,
-        _exc: PyObject,
-        _tb: PyObject,
+        _exc_type: Py<PyAny>,
+        _exc: Py<PyAny>,
+        _tb: Py<PyAny>,
     ) -> PyResult<bool> {
         self.end(py);
         self.guard.take();
@@ -199,7 +198,7 @@ impl Drop for NativeStep {
     /// A step left without `with` (or `stop`) still takes its hooks out.
     fn drop(&mut self) {
         if self.hooked {
-            Python::with_gil(|py| self.end(py));
+            Python::attach(|py| self.end(py));
         }
     }
 }
@@ -217,7 +216,13 @@ impl NativePhase {
         slf.step.borrow_mut(py).phase_begin(slf.phase)
     }
 
-    fn __exit__(&self, py: Python<'_>, _exc_type: PyObject, _exc: PyObject, _tb: PyObject) -> bool {
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _exc_type: Py<PyAny>,
+        _exc: Py<PyAny>,
+        _tb: Py<PyAny>,
+    ) -> bool {
         self.step.borrow_mut(py).phase_end();
         false
     }
@@ -235,25 +240,32 @@ pub(crate) fn comm_kind(label: &str) -> PyResult<CommKind> {
 
 /// A float from a Python number or a 0-d CPU tensor.
 pub(crate) fn number(field: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
-    // Plain numbers first; a tensor goes through libtorch, never `__float__` (which
-    // warns on tensors that require grad).
+    // Plain numbers first; a tensor is read through `detach().item()`, never
+    // `__float__` (which warns on tensors that require grad).
     if value.is_instance_of::<PyFloat>() || value.is_instance_of::<PyInt>() {
         return value.extract::<f64>();
     }
-    let tensor = value.extract::<PyTensor>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "{field}: expected a float, an int or a 0-d tensor, got {}",
-            value.get_type()
-        ))
-    })?;
-    if tensor.numel() != 1 {
+    let numel = value
+        .call_method0("numel")
+        .and_then(|n| n.extract::<i64>())
+        .map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{field}: expected a float, an int or a 0-d tensor, got {}",
+                value.get_type()
+            ))
+        })?;
+    if numel != 1 {
+        let shape = value
+            .getattr("shape")
+            .map(|s| s.to_string())
+            .unwrap_or_default();
         return Err(PyValueError::new_err(format!(
-            "{field}: expected a 0-d tensor, got shape {:?}; pass a scalar such as loss.detach()",
-            tensor.size()
+            "{field}: expected a 0-d tensor, got shape {shape}; pass a scalar such as loss.detach()"
         )));
     }
-    tensor
-        .f_double_value(&[])
-        .or_else(|_| tensor.f_reshape([-1])?.f_double_value(&[0]))
+    value
+        .call_method0("detach")
+        .and_then(|t| t.call_method0("item"))
+        .and_then(|v| v.extract::<f64>())
         .map_err(|e| PyValueError::new_err(format!("{field}: cannot read the tensor: {e}")))
 }

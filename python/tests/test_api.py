@@ -4,6 +4,7 @@ DDP under torchrun is tested in tests/tests/ddp.rs."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -194,19 +195,28 @@ def test_a_dead_collector_neither_raises_nor_stalls_and_keeps_the_rows(tmp_path)
     assert Path(report.spill_dir).is_dir()
 
 
-def test_import_refuses_a_different_torch(tmp_path):
+def test_import_refuses_a_torch_below_the_floor_and_takes_local_versions(tmp_path):
     code = textwrap.dedent(
         """
+        import sys
         import torch
-        torch.__version__ = "2.0.0"
+        torch.__version__ = sys.argv[1]
         try:
             import rankscope
+            print("imported")
         except ImportError as e:
             print(e)
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
-    assert "built against torch 2.13.0" in out and "torch 2.0.0 is installed" in out, out
+
+    def run(version: str) -> str:
+        return subprocess.run([sys.executable, "-c", code, version], capture_output=True, text=True).stdout
+
+    out = run("2.10.1")
+    assert "needs torch 2.11 or newer" in out and "torch 2.10.1 is installed" in out, out
+    assert "pip install 'torch>=2.11'" in out, out
+    for version in ("2.11.0+cu130", "2.15.0", "2.16.0a0+git1234", "3.0.0"):
+        assert run(version).strip() == "imported", version
 
 
 def test_python_m_rankscope_runs_the_summary(collector):
@@ -398,3 +408,61 @@ def test_overhead_ms_holds_what_a_sampled_step_costs_the_training_thread(collect
     assert measured > 0.02 * unsampled, figures
     # ... and the agent's accounting holds most of it.
     assert recorded >= 0.7 * measured, figures
+
+
+SPECTRAL = ("stable_rank", "participation_ratio", "participation_ratio_sv", "nuclear_norm_ratio", "effective_rank", "cum_energy_90")
+
+
+def test_the_device_sides_reduction_gives_the_host_paths_metrics(tmp_path):
+    """The GPU path's reduction (rankscope._device: row sample, float32 health sums and
+    Gram matrix, handed over as a pinned buffer through DLPack), run here without a
+    stream, against the host path (the float64 Gram on the metrics thread) for the same
+    activations, wide and tall, centred and not, with more rows than the cap. The same
+    run id draws the same rows on both paths; each path has its own collector."""
+    from rankscope import _device
+
+    g = torch.Generator().manual_seed(3)
+    inputs = {
+        "tall": torch.randn(700, 48, generator=g) * torch.linspace(3, 0.1, 48),
+        "wide": torch.randn(40, 90, generator=g),
+        "seq": torch.randn(4, 50, 24, generator=g),
+        "bf16": torch.randn(300, 32, generator=g).bfloat16(),
+        "bad": torch.tensor([[1.0, float("nan")], [0.0, 2.0]]),
+    }
+    cols = ", ".join(SPECTRAL + ("mean", "std", "zero_fraction", "nonfinite", "rows", "cols", "centered"))
+    results = {}
+    for path, centered in (("host", False), ("device", False), ("host_c", True), ("device_c", True)):
+        collector = Collector(tmp_path / path)
+        os.environ["RANKSCOPE_CENTER"] = "1" if centered else "0"
+        agent = rankscope.init(collector=collector.addr, run_id="same", max_rows=512, sample_every=1)
+        if path.startswith("device"):
+            side = _device.DeviceSide(agent._native, _device.DEFAULT_POOL_BYTES)
+            agent._native._set_device_side(side)
+            agent._native._host_to_device_side(True)
+            agent._device = side
+        with agent.step(0):
+            for name, x in inputs.items():
+                agent.observe(name, x)
+        if agent._device is not None:
+            agent._device.poll()
+        assert agent.finish().complete
+        del os.environ["RANKSCOPE_CENTER"]
+        assert collector.stop() == 0
+        for line in duckdb(f"select layer, {cols} from {table(collector.out, 'layers')}").splitlines():
+            layer, *values = line.split(",")
+            results[(path, layer)] = values
+    assert len(results) == 4 * len(inputs), sorted(results)
+    worst = 0.0
+    for host, device in (("host", "device"), ("host_c", "device_c")):
+        for layer in inputs:
+            a, b = results[(host, layer)], results[(device, layer)]
+            assert a[-4:] == b[-4:], (layer, a, b)  # nonfinite, rows, cols, centered
+            for i, (x, y) in enumerate(zip(a[:-4], b[:-4])):
+                if x in ("", "NULL") or y in ("", "NULL"):
+                    assert x == y, (layer, i, a, b)
+                    continue
+                # A float32 Gram against a float64 one.
+                assert math.isclose(float(x), float(y), rel_tol=1e-4, abs_tol=1e-6), (host, layer, i, a, b)
+                if i < 5:
+                    worst = max(worst, abs(float(x) - float(y)) / abs(float(x)))
+    print(f"\nfloat32 device Gram against the float64 host path: largest relative difference {worst:.2e}")

@@ -213,8 +213,14 @@ fn the_command_the_extension_and_the_workspace_share_their_dependencies_features
     // The parse found the trees (an empty parse would compare nothing).
     assert!(
         command.keys().any(|p| p.starts_with("datafusion v"))
-            && extension.keys().any(|p| p.starts_with("tch v"))
+            && extension.keys().any(|p| p.starts_with("pyo3 v"))
             && workspace.keys().any(|p| p.starts_with("tch v")),
         "cargo tree printed no packages"
     );
+    // The extension links no libtorch: one wheel for every supported torch.
+    let linked: Vec<_> = extension
+        .keys()
+        .filter(|p| p.starts_with("tch v") || p.starts_with("torch-sys v"))
+        .collect();
+    assert!(linked.is_empty(), "the Python extension depends on {linked:?}");
 }

@@ -4,8 +4,8 @@
 //! - [`controller`]: [`OverheadBudget`] and the controller that keeps the agent
 //!   within it by taking fewer activation samples (plain arithmetic on CPU times);
 //! - [`cpu_clock`]: the process's and each thread's CPU clock;
-//! - `sampler` (with `torch`): the training side's sample gate and counters, which
-//!   read the clocks and ask the controller.
+//! - `sampler`: the training side's sample gate and counters, which read the clocks
+//!   and ask the controller.
 //!
 //! The budget imports nothing else of the agent; the transport (its thread's clock),
 //! config (the budget's value), sampling (the worker's CPU time) and the training
@@ -13,9 +13,7 @@
 
 pub mod controller;
 pub mod cpu_clock;
-#[cfg(feature = "torch")]
 pub(crate) mod sampler;
 
 pub use controller::OverheadBudget;
-#[cfg(feature = "torch")]
 pub use sampler::{ActivationSamples, Overhead};

@@ -1,105 +1,214 @@
-//! The sketch's one heavy operation: a block of vectors times the Gram matrix of a
-//! large matrix x, without forming the Gram matrix, read from memory once.
+//! The sketch's one heavy operation: a block of vectors times the Gram matrix G of the
+//! smaller side of a sample, on host buffers ([`GramOperator`]).
 //!
-//! G·V = a·(aᵀ·V), with a the r × c orientation of x (r ≤ c). Done as two whole
-//! products, x streams from memory twice: at 2,048 × 4,096 float32 (32 MiB) it does
-//! not fit the caches. On the CPU the products go by slabs of x of about 1 MiB (whole
-//! rows of a tall x, columns of a wide one): a slab's first product brings it into the
-//! cache, its second reads it there. One thread, a block of 16 vectors: 1.2–1.5× less
-//! CPU at 2,048 × 4,096 and 1.5–1.7× at 4,096 × 2,048, none below 16 MiB
-//! (BENCHMARKS.md). On a GPU the whole products stay: each slab would be two more
-//! kernel launches.
+//! Given the sample A itself (n × d), G·V = a·(aᵀ·V) with a the r × c orientation of A
+//! (r = min(n, d) ≤ c), never formed. Done as two whole products, A streams from memory
+//! twice: at 2,048 × 4,096 float32 (32 MiB) it does not fit the caches. For a matrix of
+//! 16 MiB or more the products go by slabs of about 1 MiB (columns of a: columns of a wide
+//! A, rows of a tall one): a slab's first product brings it into the cache, its second
+//! reads it there. The values are the same products summed in another order.
+//!
+//! Given G itself (r × r, as a device reduced it), G·V is one product.
 
-use tch::{Device, Kind, TchError, Tensor};
+use faer::linalg::matmul::matmul;
+use faer::{Accum, Mat, MatRef, Par};
 
-/// Elements of x in one slab (1 MiB of float32): within a core's share of the cache.
-const SLAB_ELEMENTS: i64 = 1 << 18;
-/// Below this many elements (16 MiB of float32) x stays in the cache between the two
+/// Elements of a in one slab (1 MiB of float32): within a core's share of the cache.
+const SLAB_ELEMENTS: usize = 1 << 18;
+/// Below this many elements (16 MiB of float32) a stays in the cache between the two
 /// whole products, and slabs only add calls.
-const SLABS_FROM_ELEMENTS: i64 = 1 << 22;
+const SLABS_FROM_ELEMENTS: usize = 1 << 22;
 
-/// (aᵀ·v · scale, G·v · scale²) for x (n × d, float32) and v (r × b), with a = x if
-/// n ≤ d, else xᵀ. x is taken as it is stored, never copied: each product reads it in
-/// the layout the BLAS reads fastest (a transposed x as the left factor cost about
-/// 16 % more CPU per product, one thread, 2,048 × 4,096). `scale` is applied to aᵀ·v
-/// before the second product, so float32 neither overflows for large activations nor
-/// underflows for tiny ones.
-pub(super) fn gram_times(x: &Tensor, v: &Tensor, scale: f64) -> Result<(Tensor, Tensor), TchError> {
-    let (n, d) = (x.size()[0], x.size()[1]);
-    let slabs = x.device() == Device::Cpu && n * d >= SLABS_FROM_ELEMENTS;
-    if n <= d {
-        // a = x: aᵀ·v = (vᵀ·x)ᵀ and G·v = (vᵀ·x·xᵀ)ᵀ; slabs of x's columns.
-        let vt = v.f_tr()?;
-        if !slabs {
-            let half = vt.f_matmul(x)?.f_mul_scalar(scale)?;
-            let full = half.f_matmul(&x.f_tr()?)?.f_mul_scalar(scale)?;
-            return Ok((half.f_tr()?, full.f_tr()?));
+/// The Gram matrix G of the smaller side of a sample (r × r, r = min(n, d)), as the sketch
+/// applies it.
+#[derive(Debug, Clone, Copy)]
+pub enum GramOperator<'a> {
+    /// The sample A itself (n × d, float32, any strides — typically row-major), already
+    /// centred if centring was asked: G = AᵀA when d ≤ n, else AAᵀ, applied as two
+    /// products, never formed.
+    Factored(MatRef<'a, f32>),
+    /// G itself (r × r, symmetric, float32), as a device reduced it.
+    Explicit(MatRef<'a, f32>),
+}
+
+/// G·V for a block V (r × b), and for [`GramOperator::Factored`] the half-way product
+/// aᵀ·V (c × b), whose Gram matrix (aᵀV)ᵀ(aᵀV) = VᵀGV the sketch forms without G's
+/// round-off.
+#[derive(Debug)]
+pub struct GramProduct {
+    /// aᵀ·V·s, `None` for an explicit G.
+    pub half: Option<Mat<f32>>,
+    /// G·V·s².
+    pub full: Mat<f32>,
+}
+
+impl GramOperator<'_> {
+    /// r: the order of G (the smaller side of a factored sample).
+    pub fn side(&self) -> usize {
+        match self {
+            GramOperator::Factored(x) => x.nrows().min(x.ncols()),
+            GramOperator::Explicit(g) => g.nrows(),
         }
-        let width = (SLAB_ELEMENTS / n).max(16);
-        let mut full = Tensor::f_zeros([v.size()[1], n], (Kind::Float, x.device()))?;
-        let mut halves = Vec::with_capacity((d / width + 1) as usize);
-        for start in (0..d).step_by(width as usize) {
-            let slab = x.f_narrow(1, start, width.min(d - start))?;
-            let half = vt.f_matmul(&slab)?.f_mul_scalar(scale)?;
-            let _ = full.f_addmm_(&half, &slab.f_tr()?)?;
-            halves.push(half);
-        }
-        let half = Tensor::f_cat(&halves, 1)?;
-        Ok((half.f_tr()?, full.f_mul_scalar(scale)?.f_tr()?))
-    } else {
-        // a = xᵀ: aᵀ·v = x·v and G·v = ((x·v)ᵀ·x)ᵀ; slabs of x's rows.
-        if !slabs {
-            let half = x.f_matmul(v)?.f_mul_scalar(scale)?;
-            let full = half.f_tr()?.f_matmul(x)?.f_mul_scalar(scale)?;
-            return Ok((half, full.f_tr()?));
-        }
-        let height = (SLAB_ELEMENTS / d).max(16);
-        let mut full = Tensor::f_zeros([v.size()[1], d], (Kind::Float, x.device()))?;
-        let mut halves = Vec::with_capacity((n / height + 1) as usize);
-        for start in (0..n).step_by(height as usize) {
-            let slab = x.f_narrow(0, start, height.min(n - start))?;
-            let half = slab.f_matmul(v)?.f_mul_scalar(scale)?;
-            let _ = full.f_addmm_(&half.f_tr()?, &slab)?;
-            halves.push(half);
-        }
-        Ok((
-            Tensor::f_cat(&halves, 0)?,
-            full.f_mul_scalar(scale)?.f_tr()?,
-        ))
     }
+
+    /// Whether the operator is well formed: an explicit G is square.
+    pub(crate) fn is_valid(&self) -> bool {
+        match self {
+            GramOperator::Factored(_) => true,
+            GramOperator::Explicit(g) => g.nrows() == g.ncols(),
+        }
+    }
+
+    /// G·V scaled by `scale`² (and aᵀ·V by `scale`), in float32 on one thread. `scale` is
+    /// applied between the two products (to V for an explicit G), so that float32 neither
+    /// overflows for large activations nor underflows for tiny ones: with `scale` =
+    /// 1/‖A‖_F every value is at most ‖V‖ in size.
+    pub fn apply(&self, v: MatRef<'_, f32>, scale: f32) -> GramProduct {
+        match *self {
+            GramOperator::Factored(x) => {
+                let a = if x.nrows() <= x.ncols() {
+                    x
+                } else {
+                    x.transpose()
+                };
+                let (half, full) = factored_times(a, v, scale);
+                GramProduct {
+                    half: Some(half),
+                    full,
+                }
+            }
+            GramOperator::Explicit(g) => {
+                // G·(V·s)·s: |G·V·s| ≤ ‖G‖·s ≤ tr G · s = √(tr G) when s = 1/√(tr G).
+                let scaled = Mat::from_fn(v.nrows(), v.ncols(), |i, j| v[(i, j)] * scale);
+                let mut full = Mat::zeros(g.nrows(), v.ncols());
+                matmul(
+                    full.as_mut(),
+                    Accum::Replace,
+                    g,
+                    scaled.as_ref(),
+                    scale,
+                    Par::Seq,
+                );
+                GramProduct { half: None, full }
+            }
+        }
+    }
+}
+
+/// (aᵀ·v·s, a·aᵀ·v·s²) for a (r × c) and v (r × b), by slabs of a's columns where a is
+/// large.
+fn factored_times(a: MatRef<'_, f32>, v: MatRef<'_, f32>, scale: f32) -> (Mat<f32>, Mat<f32>) {
+    let (r, c) = a.shape();
+    let b = v.ncols();
+    let mut half = Mat::zeros(c, b);
+    let mut full = Mat::zeros(r, b);
+    if r * c < SLABS_FROM_ELEMENTS {
+        matmul(
+            half.as_mut(),
+            Accum::Replace,
+            a.transpose(),
+            v,
+            scale,
+            Par::Seq,
+        );
+        matmul(
+            full.as_mut(),
+            Accum::Replace,
+            a,
+            half.as_ref(),
+            scale,
+            Par::Seq,
+        );
+        return (half, full);
+    }
+    let width = (SLAB_ELEMENTS / r.max(1)).max(16);
+    let mut start = 0;
+    while start < c {
+        let w = width.min(c - start);
+        let slab = a.subcols(start, w);
+        let mut part = half.as_mut().subrows_mut(start, w);
+        matmul(
+            part.as_mut(),
+            Accum::Replace,
+            slab.transpose(),
+            v,
+            scale,
+            Par::Seq,
+        );
+        matmul(
+            full.as_mut(),
+            Accum::Add,
+            slab,
+            part.as_ref(),
+            scale,
+            Par::Seq,
+        );
+        start += w;
+    }
+    (half, full)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::spectral::{SplitMix64, gaussian};
+    use faer::Scale;
 
-    /// The slabs give the whole products' values, for wide and tall x, with a last
-    /// slab narrower than the rest.
+    fn random(rows: usize, cols: usize, seed: u64) -> Mat<f32> {
+        let values = gaussian(&mut SplitMix64(seed), rows * cols);
+        Mat::from_fn(rows, cols, |i, j| values[i * cols + j])
+    }
+
+    fn relative_error(got: MatRef<'_, f32>, want: &Mat<f64>) -> f64 {
+        let diff = Mat::from_fn(want.nrows(), want.ncols(), |i, j| {
+            f64::from(got[(i, j)]) - want[(i, j)]
+        });
+        diff.norm_l2() / want.norm_l2()
+    }
+
+    /// The slabs give the whole products' values, for wide and tall x, row- and
+    /// column-major, with a last slab narrower than the rest; and an explicit G gives
+    /// the same G·V.
     #[test]
-    fn slabs_give_the_whole_products() {
-        for (n, d) in [(1000, 4200), (4200, 1000)] {
-            let x = Tensor::randn([n, d], (Kind::Float, Device::Cpu));
+    fn slabs_and_explicit_give_the_whole_products() {
+        for (n, d) in [(1000, 4200), (4200, 1000), (300, 500)] {
+            let x = random(n, d, 1);
+            let row_major: Vec<f32> = (0..n * d).map(|e| x[(e / d, e % d)]).collect();
             let r = n.min(d);
-            let v = Tensor::randn([r, 16], (Kind::Float, Device::Cpu));
-            let scale = 0.01;
-            let (half, full) = gram_times(&x, &v, scale).unwrap();
-            let x64 = x.to_kind(Kind::Double);
-            let a = if n <= d {
-                x64.shallow_clone()
+            let v = random(r, 16, 2);
+            let scale = 0.01f32;
+            let x64 = Mat::from_fn(n, d, |i, j| f64::from(x[(i, j)]));
+            let a64 = if n <= d {
+                x64.clone()
             } else {
-                x64.tr()
+                x64.transpose().to_owned()
             };
-            let v64 = v.to_kind(Kind::Double);
-            let half_ref = a.tr().matmul(&v64) * scale;
-            let full_ref = a.matmul(&half_ref) * scale;
-            assert_eq!(half.size(), half_ref.size());
-            assert_eq!(full.size(), full_ref.size());
-            let err = |got: &Tensor, want: &Tensor| {
-                let diff = (got.to_kind(Kind::Double) - want).norm().double_value(&[]);
-                diff / want.norm().double_value(&[])
-            };
-            assert!(err(&half, &half_ref) < 1e-5, "{n} x {d}: aᵀ·v");
-            assert!(err(&full, &full_ref) < 1e-5, "{n} x {d}: G·v");
+            let v64 = Mat::from_fn(r, 16, |i, j| f64::from(v[(i, j)]));
+            let s = f64::from(scale);
+            let half_ref = a64.transpose() * &v64 * Scale(s);
+            let full_ref = &a64 * &half_ref * Scale(s);
+            for x in [x.as_ref(), MatRef::from_row_major_slice(&row_major, n, d)] {
+                let product = GramOperator::Factored(x).apply(v.as_ref(), scale);
+                let half = product.half.expect("a factored product has a half");
+                assert!(
+                    relative_error(half.as_ref(), &half_ref) < 1e-5,
+                    "{n} x {d}: aᵀ·v"
+                );
+                assert!(
+                    relative_error(product.full.as_ref(), &full_ref) < 1e-5,
+                    "{n} x {d}"
+                );
+            }
+            let g64 = &a64 * a64.transpose();
+            let g = Mat::from_fn(r, r, |i, j| g64[(i, j)] as f32);
+            let product = GramOperator::Explicit(g.as_ref()).apply(v.as_ref(), scale);
+            assert!(product.half.is_none());
+            assert!(
+                relative_error(product.full.as_ref(), &full_ref) < 1e-5,
+                "{n} x {d}: G"
+            );
+            assert_eq!(GramOperator::Explicit(g.as_ref()).side(), r);
+            assert_eq!(GramOperator::Factored(x.as_ref()).side(), r);
         }
     }
 }

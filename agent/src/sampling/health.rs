@@ -1,6 +1,6 @@
-//! The health columns of a sample: `mean`, `std`, `zero_fraction` and `nonfinite`,
-//! computed in float64 on the sample's own device ([`health`]). It imports only the
-//! host copy of [`super::spectral`].
+//! The health columns of a sample: `mean`, `std`, `zero_fraction` and `nonfinite`
+//! ([`Health`]), from sums over its elements ([`HealthSums`]): summed here, in float64,
+//! for a matrix on the host ([`sums`]), or by the device that reduced the sample.
 //!
 //! # Conventions (defined, not accidental)
 //!
@@ -11,16 +11,9 @@
 //! - `std` is the population standard deviation; `zero_fraction` counts exact zeros (dead
 //!   ReLU units).
 
-use tch::{Kind, TchError, Tensor};
+use super::host::HealthSums;
 
-use super::spectral::to_host;
-
-/// Elements per block of the float64 health sums: a 2 MiB float64 copy, which stays in
-/// cache for the sum and the dot product that read it (2¹⁸ elements took a third of the CPU
-/// time of 2²⁰ at 2,048 × 4,096, where each block was also squared into a second copy).
-const HEALTH_BLOCK: i64 = 1 << 18;
-
-/// The health columns of one matrix.
+/// The health columns of one sample.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(super) struct Health {
     pub mean: Option<f64>,
@@ -30,82 +23,96 @@ pub(super) struct Health {
     pub zero_fraction: Option<f64>,
     /// NaN and ±Inf elements.
     pub nonfinite: u64,
-    /// Σx² when every element is finite (the trace of AᵀA, which the sketch needs);
-    /// `None` when some are not, and then no spectrum is measured.
-    pub sum_sq: Option<f64>,
 }
 
-/// The health of an `n × d` matrix with n, d > 0.
-pub(super) fn health(matrix: &Tensor, n: i64, d: i64) -> Result<Health, TchError> {
-    let numel = matrix.numel() as u64;
-    // Σx and Σx² in float64, over blocks of about 2¹⁸ elements cast one at a
-    // time (a float64 copy of the whole matrix costs more than the sums), with one
-    // device → host transfer for all. A NaN or ±Inf anywhere makes Σx non-finite (in
-    // float64 the sum of finite float32 values cannot overflow), so finite input needs no
-    // isfinite pass.
-    let block_rows = (HEALTH_BLOCK / d).max(1);
-    let mut partial = Vec::new();
-    for start in (0..n).step_by(block_rows as usize) {
-        let block = matrix.f_narrow(0, start, block_rows.min(n - start))?;
-        let wide = block.f_to_kind(Kind::Double)?.f_reshape([-1])?;
-        partial.push(Tensor::f_stack(
-            &[
-                wide.f_sum(Kind::Double)?,
-                // A float64 dot product: no squared copy of the block.
-                wide.f_dot(&wide)?,
-            ],
-            0,
-        )?);
+impl Health {
+    pub(super) fn from_sums(s: &HealthSums) -> Health {
+        if s.finite == 0 {
+            return Health {
+                nonfinite: s.nonfinite,
+                ..Health::default()
+            };
+        }
+        let n = s.finite as f64;
+        let mean = s.sum / n;
+        Health {
+            mean: Some(mean),
+            // Population variance as E[x²] − mean², in float64: exact enough unless the
+            // mean exceeds the spread by about 10⁶, far beyond any activation's.
+            std: Some((s.sum_sq / n - mean * mean).max(0.0).sqrt()),
+            zero_fraction: Some(s.zeros as f64 / n),
+            nonfinite: s.nonfinite,
+        }
     }
-    // The zeros in one pass over the whole matrix: per block it cost twice as much.
-    let health = to_host(&Tensor::f_cat(
-        &[
-            Tensor::f_stack(&partial, 0)?.f_sum_dim_intlist(0, false, Kind::Double)?,
-            matrix
-                .f_count_nonzero(None::<i64>)?
-                .f_to_kind(Kind::Double)?
-                .f_reshape([1])?,
-        ],
-        0,
-    )?)?;
-    let (sum, sum_sq, nonzero) = (health[0], health[1], health[2]);
-    if !(sum.is_finite() && sum_sq.is_finite()) {
-        return health_nonfinite(&matrix.f_to_kind(Kind::Double)?);
+}
+
+/// Elements summed per float64 partial: short runs keep the float64 sums exact enough
+/// and let the compiler keep them in vector registers.
+const LANES: usize = 8;
+
+/// The health sums of `values`, in float64. Finite input (the common case) takes one
+/// branch-free pass: a NaN or ±Inf anywhere makes Σx or Σx² non-finite (in float64 the
+/// sums of finite float32 values cannot overflow), and only then does a second pass
+/// count them and sum the finite elements alone.
+pub(super) fn sums(values: &[f32]) -> HealthSums {
+    let mut sum = [0.0f64; LANES];
+    let mut sum_sq = [0.0f64; LANES];
+    let mut zeros = [0u64; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for k in 0..LANES {
+            let x = f64::from(chunk[k]);
+            sum[k] += x;
+            sum_sq[k] += x * x;
+            zeros[k] += u64::from(chunk[k] == 0.0);
+        }
     }
-    let n_values = numel as f64;
-    let mean = sum / n_values;
-    Ok(Health {
-        mean: Some(mean),
-        // Population variance as E[x²] − mean², in float64: exact enough unless the
-        // mean exceeds the spread by about 10⁶, far beyond any activation's.
-        std: Some((sum_sq / n_values - mean * mean).max(0.0).sqrt()),
-        zero_fraction: Some((n_values - nonzero) / n_values),
+    for (k, &v) in tail.iter().enumerate() {
+        let x = f64::from(v);
+        sum[k] += x;
+        sum_sq[k] += x * x;
+        zeros[k] += u64::from(v == 0.0);
+    }
+    let out = HealthSums {
+        finite: values.len() as u64,
         nonfinite: 0,
-        sum_sq: Some(sum_sq),
-    })
+        sum: sum.iter().sum(),
+        sum_sq: sum_sq.iter().sum(),
+        zeros: zeros.iter().sum(),
+    };
+    if out.sum.is_finite() && out.sum_sq.is_finite() {
+        return out;
+    }
+    let mut out = HealthSums::default();
+    for &v in values {
+        if v.is_finite() {
+            let x = f64::from(v);
+            out.finite += 1;
+            out.sum += x;
+            out.sum_sq += x * x;
+            out.zeros += u64::from(v == 0.0);
+        } else {
+            out.nonfinite += 1;
+        }
+    }
+    out
 }
 
-/// Health over the finite values of a matrix that holds NaN or ±Inf; no spectrum.
-fn health_nonfinite(x: &Tensor) -> Result<Health, TchError> {
-    let finite = x.f_isfinite()?;
-    let values = x.f_masked_select(&finite)?;
-    let finite_count = values.numel() as u64;
-    let mut out = Health {
-        nonfinite: (x.numel() as u64).saturating_sub(finite_count),
-        ..Health::default()
-    };
-    if finite_count > 0 {
-        let health = to_host(&Tensor::f_stack(
-            &[
-                values.f_mean(Kind::Double)?,
-                values.f_std(false)?,
-                values.f_eq(0.0)?.f_sum(Kind::Double)?,
-            ],
-            0,
-        )?)?;
-        out.mean = Some(health[0]);
-        out.std = Some(health[1]);
-        out.zero_fraction = Some(health[2] / finite_count as f64);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finite_and_nonfinite_sums() {
+        let h = Health::from_sums(&sums(&[0.0, 1.0, 2.0, 3.0, 0.0]));
+        assert_eq!(h.mean, Some(1.2));
+        assert!((h.std.unwrap() - (1.36f64).sqrt()).abs() < 1e-12);
+        assert_eq!(h.zero_fraction, Some(0.4));
+        assert_eq!(h.nonfinite, 0);
+        let h = Health::from_sums(&sums(&[1.0, f32::NAN, 3.0, f32::INFINITY]));
+        assert_eq!((h.mean, h.nonfinite), (Some(2.0), 2));
+        let h = Health::from_sums(&sums(&[f32::NAN]));
+        assert_eq!((h.mean, h.std, h.nonfinite), (None, None, 1));
     }
-    Ok(out)
 }

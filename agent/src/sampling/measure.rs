@@ -1,27 +1,26 @@
-//! The metrics of one activation, exactly as `docs/metrics.md` defines them: the
-//! pipeline's second step and the whole pipeline.
+//! The metrics of one sample, exactly as `docs/metrics.md` defines them: the core's
+//! second step, on the metrics thread, over host buffers only.
 //!
-//! The pipeline ([`compute`]) has two typed steps. [`prepare`]: activation → matrix →
-//! row sample, giving a [`Sample`]; in the agent it runs once, on the training thread,
-//! which hands the sample to the metrics thread. [`measure`]: the health columns
-//! ([`super::health`]) → optional centring → the spectrum; the metrics thread runs only
-//! this. The spectrum is [`Method::Exact`] ([`super::exact`]: eigenvalues of the Gram
-//! matrix of the smaller side) or, for matrices with at least
-//! [`SpectrumOptions::sketch_threshold`] rows and columns, [`Method::Sketch`]
-//! ([`super::sketch`]: randomized block Krylov estimates, each with its own error
-//! estimate), or [`Method::Fallback`] where the sketch cannot vouch for a value within the
-//! bound `docs/metrics.md` states.
+//! [`measure`] takes a [`HostSample`] (what an adapter handed over, [`super::host`]): the
+//! health columns ([`super::health`]) → optional centring → the spectrum. The spectrum is
+//! [`Method::Exact`] ([`super::exact`]: eigenvalues of the Gram matrix of the smaller
+//! side) or, for matrices with at least [`SpectrumOptions::sketch_threshold`] rows and
+//! columns, [`Method::Sketch`] ([`super::sketch`]: randomized block Krylov estimates, each
+//! with its own error estimate), or [`Method::Fallback`] where the sketch cannot vouch for
+//! a value within the bound `docs/metrics.md` states. A sample a device reduced brings its
+//! Gram matrix, which both methods use as it is.
 //! [`LayerMetrics::into_layer_row`] is the one place the metrics become a `layers` row.
 
+use faer::MatRef;
 use rankscope_proto::v1::LayerRow;
-use tch::{Kind, TchError, Tensor};
 
-use super::exact::exact_spectral;
-use super::health::health;
+use super::exact::{exact_spectral, gram_spectral};
+use super::gram::GramOperator;
+use super::health::{Health, sums};
+use super::host::{HostActivation, HostSample, SampleData, read_sample};
 use super::options::{MatrixOptions, Method, SketchPolicy, SpectrumOptions, Unvouched};
-use super::prepare::{Sample, prepare};
 use super::sketch::sketch_spectral;
-use super::spectral::{Spectral, SpectralErrors, to_host};
+use super::spectral::{Spectral, SpectralErrors};
 
 /// Everything one layers row needs besides identity and timing.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -50,58 +49,103 @@ pub struct LayerMetrics {
     pub nonfinite: u64,
 }
 
-/// The second step: the metrics of a prepared sample, on its own device, with or without
-/// centring, with the spectrum method `spectrum` picks. Never panics: a libtorch failure
-/// (which valid input does not cause) is logged and leaves the columns it prevented at `None`.
-pub fn measure(sample: &Sample, centered: bool, spectrum: &SpectrumOptions) -> LayerMetrics {
+/// The metrics of a sample, with or without centring, with the spectrum method
+/// `spectrum` picks. Never panics.
+pub fn measure(
+    sample: &mut HostSample,
+    centered: bool,
+    spectrum: &SpectrumOptions,
+) -> LayerMetrics {
     measure_with(sample, centered, spectrum, &SketchPolicy::default())
 }
 
 /// [`measure`], with the sketch run by `policy` instead of the agent's (its CPU time for
-/// some columns alone, or nulls instead of the exact path where it cannot vouch).
+/// some columns alone, or nulls instead of the exact path where it cannot vouch). A
+/// matrix sample is centred in place.
 pub fn measure_with(
-    sample: &Sample,
+    sample: &mut HostSample,
     centered: bool,
     spectrum: &SpectrumOptions,
     policy: &SketchPolicy,
 ) -> LayerMetrics {
-    let _guard = tch::no_grad_guard();
-    let mut metrics = LayerMetrics {
+    let (n, d) = (sample.rows, sample.cols);
+    let mut out = LayerMetrics {
         centered,
         conv_layout: sample.conv_layout,
+        rows: u32::try_from(n).unwrap_or(u32::MAX),
+        cols: u32::try_from(d).unwrap_or(u32::MAX),
         ..LayerMetrics::default()
     };
-    if let Err(error) = measure_matrix(
-        &sample.matrix,
-        centered,
-        spectrum,
-        policy,
-        sample.seed,
-        &mut metrics,
-    ) {
-        tracing::warn!(%error, "activation metrics failed");
-        metrics.spectral = Spectral::default();
-        metrics.errors = SpectralErrors::default();
-        metrics.method = "";
+    if n == 0 || d == 0 {
+        return out;
     }
-    metrics
+    let seed = sample.seed;
+    let (health, spectral) = match &mut sample.data {
+        SampleData::Matrix(values) => {
+            if values.len() != n * d {
+                tracing::warn!(
+                    len = values.len(),
+                    n,
+                    d,
+                    "a sample's buffer does not match its shape"
+                );
+                return out;
+            }
+            let s = sums(values);
+            let spectral = (s.nonfinite == 0)
+                .then(|| matrix_spectral(values, n, d, centered, s.sum_sq, seed, spectrum, policy));
+            (Health::from_sums(&s), spectral)
+        }
+        SampleData::Reduced(reduced) => {
+            let r = n.min(d);
+            let spectral = match &reduced.gram {
+                Some(gram) if reduced.health.nonfinite == 0 => {
+                    let values = gram.values();
+                    if reduced.side != r || values.len() != r * r {
+                        tracing::warn!(
+                            side = reduced.side,
+                            n,
+                            d,
+                            "a reduced sample's Gram matrix does not match its shape"
+                        );
+                        None
+                    } else {
+                        Some(reduced_spectral(values, n, d, seed, spectrum, policy))
+                    }
+                }
+                _ => None,
+            };
+            (Health::from_sums(&reduced.health), spectral)
+        }
+    };
+    out.mean = health.mean;
+    out.std = health.std;
+    out.zero_fraction = health.zero_fraction;
+    out.nonfinite = health.nonfinite;
+    if let Some((method, spectral, errors)) = spectral {
+        out.method = method.label();
+        out.spectral = spectral;
+        out.errors = errors;
+    }
+    out
 }
 
-/// Both steps, [`prepare`] and [`measure`], for callers that hold the whole activation (the
-/// `spectrum` command, the benchmarks). Never panics: a failure to prepare gives the empty
-/// metrics, logged.
-pub fn compute(activation: &Tensor, options: &MatrixOptions, seed: u64) -> LayerMetrics {
-    let _guard = tch::no_grad_guard();
-    match prepare(activation, options, seed) {
-        Ok(sample) => measure(&sample, options.centered, &options.spectrum),
-        Err(error) => {
-            tracing::warn!(%error, "activation metrics failed");
-            LayerMetrics {
-                centered: options.centered,
-                ..LayerMetrics::default()
-            }
-        }
-    }
+/// Both steps, [`read_sample`] and [`measure`], for callers that hold the whole
+/// activation on the host (the `spectrum` command, the benchmarks, the adapters' tests).
+pub fn compute(
+    activation: &HostActivation<'_>,
+    options: &MatrixOptions,
+    seed: u64,
+) -> LayerMetrics {
+    let (matrix, conv_layout) = read_sample(
+        activation,
+        options.conv_layout,
+        options.max_rows,
+        seed,
+        Vec::new(),
+    );
+    let mut sample = HostSample::matrix(matrix, conv_layout, seed);
+    measure(&mut sample, options.centered, &options.spectrum)
 }
 
 impl LayerMetrics {
@@ -146,54 +190,94 @@ impl LayerMetrics {
     }
 }
 
-fn measure_matrix(
-    matrix: &Tensor,
+/// The spectrum of a matrix on the host (centred in place when asked).
+#[allow(clippy::too_many_arguments)]
+fn matrix_spectral(
+    values: &mut [f32],
+    n: usize,
+    d: usize,
     centered: bool,
+    sum_sq: f64,
+    seed: u64,
     spectrum: &SpectrumOptions,
     policy: &SketchPolicy,
-    seed: u64,
-    out: &mut LayerMetrics,
-) -> Result<(), TchError> {
-    let (n, d) = match matrix.size().as_slice() {
-        &[n, d] => (n, d),
-        _ => return Ok(()),
-    };
-    out.rows = u32::try_from(n).unwrap_or(u32::MAX);
-    out.cols = u32::try_from(d).unwrap_or(u32::MAX);
-    if n == 0 || d == 0 {
-        return Ok(());
-    }
-    let health = health(matrix, n, d)?;
-    out.mean = health.mean;
-    out.std = health.std;
-    out.zero_fraction = health.zero_fraction;
-    out.nonfinite = health.nonfinite;
-    let Some(sum_sq) = health.sum_sq else {
-        return Ok(());
-    };
-
-    let mut method = spectrum.method(n, d);
-    out.spectral = match method {
+) -> (Method, Spectral, SpectralErrors) {
+    match spectrum.method(n as i64, d as i64) {
         Method::Sketch => {
-            let a = matrix.f_to_kind(Kind::Float)?;
-            let sketch = if centered {
-                let a = a.f_sub(&a.f_mean_dim(0i64, true, Kind::Float)?)?;
-                let trace = to_host(&a.f_norm()?.f_square()?.f_reshape([1])?)?[0];
-                sketch_spectral(&a, trace, seed, policy.goal)?
+            // The exact path centres in float64 from the original values, so the sketch
+            // (which centres in place) runs on a copy only when it may fall back.
+            let trace = if centered {
+                center(values, n, d)
             } else {
-                sketch_spectral(&a, sum_sq, seed, policy.goal)?
+                sum_sq
             };
+            let a = MatRef::from_row_major_slice(&*values, n, d);
+            let sketch = sketch_spectral(&GramOperator::Factored(a), trace, seed, policy.goal);
             if sketch.vouched || policy.unvouched == Unvouched::Null {
-                out.errors = sketch.errors;
-                sketch.spectral
+                (Method::Sketch, sketch.spectral, sketch.errors)
             } else {
-                // A value the sketch cannot vouch for: the exact path measures the sample.
-                method = Method::Fallback;
-                exact_spectral(matrix, centered)?
+                // A value the sketch cannot vouch for: the exact path measures the
+                // (already centred) sample.
+                (
+                    Method::Fallback,
+                    exact_spectral(values, n, d, false),
+                    SpectralErrors::default(),
+                )
             }
         }
-        Method::Exact | Method::Fallback => exact_spectral(matrix, centered)?,
-    };
-    out.method = method.label();
-    Ok(())
+        method => (
+            method,
+            exact_spectral(values, n, d, centered),
+            SpectralErrors::default(),
+        ),
+    }
+}
+
+/// The spectrum from a device's Gram matrix (already centred when asked).
+fn reduced_spectral(
+    gram: &[f32],
+    n: usize,
+    d: usize,
+    seed: u64,
+    spectrum: &SpectrumOptions,
+    policy: &SketchPolicy,
+) -> (Method, Spectral, SpectralErrors) {
+    let r = n.min(d);
+    match spectrum.method(n as i64, d as i64) {
+        Method::Sketch => {
+            let g = MatRef::from_row_major_slice(gram, r, r);
+            let trace: f64 = (0..r).map(|i| f64::from(g[(i, i)])).sum();
+            let sketch = sketch_spectral(&GramOperator::Explicit(g), trace, seed, policy.goal);
+            if sketch.vouched || policy.unvouched == Unvouched::Null {
+                (Method::Sketch, sketch.spectral, sketch.errors)
+            } else {
+                (
+                    Method::Fallback,
+                    gram_spectral(gram, r),
+                    SpectralErrors::default(),
+                )
+            }
+        }
+        method => (method, gram_spectral(gram, r), SpectralErrors::default()),
+    }
+}
+
+/// Subtracts the column means (computed in float64) of the `n × d` row-major matrix in
+/// place; returns the centred matrix's Σx² (the trace the sketch takes).
+fn center(values: &mut [f32], n: usize, d: usize) -> f64 {
+    let mut means = vec![0.0f64; d];
+    for row in values.chunks_exact(d) {
+        for (m, &x) in means.iter_mut().zip(row) {
+            *m += f64::from(x);
+        }
+    }
+    let means: Vec<f32> = means.iter().map(|m| (m / n as f64) as f32).collect();
+    let mut trace = 0.0;
+    for row in values.chunks_exact_mut(d) {
+        for (x, &m) in row.iter_mut().zip(&means) {
+            *x -= m;
+            trace += f64::from(*x) * f64::from(*x);
+        }
+    }
+    trace
 }

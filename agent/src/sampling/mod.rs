@@ -1,17 +1,22 @@
-//! Sampling: what an activation sample becomes, off the training thread.
+//! Sampling: what an activation sample becomes, off the training thread. The core of
+//! the metrics: pure Rust over host buffers, with no framework (the adapters reduce a
+//! tensor to what [`host`] takes).
 //!
 //! The metrics pipeline, as `docs/metrics.md` defines it, in the order data flows:
 //! - [`options`]: how an activation becomes a matrix, and which spectrum method;
-//! - [`prepare`]: activation → matrix → row sample (on the training thread);
-//! - [`measure`]: a sample → its `layers` metrics ([`compute`]: both steps), using
+//! - [`prepare`]: the seed of a sample and the rows it draws;
+//! - [`host`]: what an adapter hands over (an activation in host memory, read into a
+//!   sample here on the training thread, or a device's reduction of it) and the
+//!   activation → matrix table;
+//! - [`buffers`]: the reused buffers samples are read into;
+//! - [`measure`]: a sample → its `layers` metrics, on the metrics thread, using
 //!   - `health`: `mean`, `std`, `zero_fraction`, `nonfinite`;
-//!   - `exact`: the float64 Gram eigen-solve;
+//!   - `exact`: the float64 Gram eigen-solve (faer);
 //!   - [`sketch`]: randomized block Krylov estimates for large matrices, each with its
-//!     own error estimate;
+//!     own error estimate, over [`gram::GramOperator`];
 //!   - [`spectral`]: the six spectral columns from eigenvalues, and the seeded random
 //!     source both spectrum methods use;
 //! - [`worker`]: the metrics thread that runs [`measure`] on queued samples;
-//! - [`threads`]: libtorch's intra-op threads per thread (the worker uses one);
 //! - [`spectra`]: seeded test spectra and the exact-against-sketch comparison
 //!   (benchmarks and tests).
 //!
@@ -19,25 +24,31 @@
 //! worker reports its CPU time) and config (the spectrum mode); never the training
 //! side. Within it, imports run down the list above: `spectral` imports no other part.
 
+pub mod buffers;
 mod exact;
-mod gram;
+pub mod gram;
 mod health;
+pub mod host;
 pub mod measure;
 pub mod options;
 pub mod prepare;
 pub mod sketch;
+#[cfg(feature = "torch")]
 pub mod spectra;
 pub mod spectral;
-pub mod threads;
 pub mod worker;
 
 #[cfg(test)]
 mod tests;
 
+pub use host::{
+    ElementType, F32Buffer, HealthSums, HostActivation, HostSample, MatrixPlan, Reduced,
+    SampleData, SampleError, SampleMatrix, read_sample,
+};
 pub use measure::{LayerMetrics, compute, measure, measure_with};
 pub use options::{
     ConvLayout, MatrixOptions, Method, SketchPolicy, SpectrumMode, SpectrumOptions, Unvouched,
 };
-pub use prepare::{Sample, prepare, sample_rows, sample_seed, to_matrix};
+pub use prepare::{choose_rows, sample_seed};
 pub use sketch::{SKETCH_BOUNDS, SKETCH_MIN_SIDE, SketchGoal};
 pub use spectral::{Spectral, SpectralErrors, spectral};

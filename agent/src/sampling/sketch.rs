@@ -1,19 +1,25 @@
 //! The sketch: the six spectral columns of a large matrix from a randomized block Krylov
-//! space, in float32 on the matrix's own device, instead of the exact float64 Gram and
-//! eigen-solve, each with an estimate of its own error ([`SpectralErrors`]).
-//! `docs/metrics.md` ("Sketch mode") states the method, the estimates, the bounds and why
-//! they hold. [`super::measure`] chooses the method
+//! space, instead of the exact float64 Gram and eigen-solve, each with an estimate of its
+//! own error ([`SpectralErrors`]). Pure Rust on host buffers: the products with G
+//! ([`GramOperator`]) in float32, the small dense algebra on the space in float64 (faer,
+//! one thread). `docs/metrics.md` ("Sketch mode") states the method, the estimates, the
+//! bounds and why they hold. [`super::measure`] chooses the method
 //! ([`super::options::SpectrumOptions::method`]), computes the Σλ that the sketch takes as
 //! given, and falls back to the exact path for a sample the sketch cannot vouch for.
 
-use tch::{Device, Kind, TchError, Tensor};
+use faer::linalg::matmul::matmul;
+use faer::{Accum, Mat, MatRef, Par};
 
-use super::gram;
-use super::spectral::{Spectral, SpectralErrors, SplitMix64, gaussian, to_host};
+use super::gram::GramOperator;
+use super::spectral::{Spectral, SpectralErrors, SplitMix64, gaussian};
+use dense::{append, eigh, grown, mul, orthogonal_to, squared_rows, symmetrize, trace_of};
 use quadrature::Quadrature;
 use top::pencil_top;
 
+mod dense;
 mod quadrature;
+#[cfg(test)]
+mod tests;
 mod top;
 
 /// Below this many rows or columns the sketch would span most of the space, and the exact
@@ -23,14 +29,14 @@ pub const SKETCH_MIN_SIDE: i64 = 512;
 /// and of the bound on λ₁. A product's CPU time grows less than its width (one thread,
 /// 2,048 × 4,096: 15 ms for 16 columns, 21 ms for 32), and λ₁ needs depth more than width,
 /// so the space is narrow and deep.
-const SKETCH_BLOCK: i64 = 16;
+const SKETCH_BLOCK: usize = 16;
 /// Krylov depths (block steps after the first) at which the estimates are checked, in
 /// order: the space grows to the next one only while a column the sketch is asked for has
 /// an error estimate above its bound. 6 steps (112 vectors) vouch for most spectra with a
 /// clear top; 10 (176) for flat ones and moderate power laws; 15 (256) for steep ones.
 const SKETCH_SCHEDULE: [usize; 3] = [6, 10, 15];
 /// Rademacher probes for the part of Σλ² outside the Krylov space (m).
-const SKETCH_PROBES: i64 = 32;
+const SKETCH_PROBES: usize = 32;
 /// A Ritz pair whose residual ‖G·v − θ·v‖ is at most this fraction of θ counts as an
 /// eigenpair (weight 1 in the trace estimates).
 const SKETCH_CONVERGED: f64 = 1e-3;
@@ -92,15 +98,15 @@ pub struct Sketch {
     pub steps: usize,
 }
 
-/// The six spectral columns of a float32 matrix `x` (n × d, finite, not empty) whose
-/// squared Frobenius norm is `trace`, with their error estimates, by a randomized block
-/// Krylov method in float32 on `x`'s device. With G the Gram matrix of the smaller side
-/// (r × r, r = min(n, d)), applied as A·(Aᵀ·V) and never formed, and everything in units of
-/// G / Σλ (eigenvalues summing to 1):
+/// The six spectral columns of the Gram matrix G that `op` applies (r × r, finite) whose
+/// trace is `trace` (Σλ = ‖A‖²_F), with their error estimates, by a randomized block
+/// Krylov method: products with G in float32, everything else in float64, on this thread.
+/// Everything is in units of G / Σλ (eigenvalues summing to 1):
 ///
 /// - A block Krylov space K = span{Q₀, GQ₀, …, G^q Q₀} from b orthonormalized Gaussian
 ///   vectors Q₀, grown along [`SKETCH_SCHEDULE`] while an estimate the goal needs exceeds
-///   its bound. T = KᵀGK (from Aᵀ·K, in float64) gives Ritz pairs (θⱼ, K·yⱼ).
+///   its bound. T = KᵀGK (from Aᵀ·K where A is given, else from Kᵀ·GK) gives Ritz pairs
+///   (θⱼ, K·yⱼ).
 /// - λ₁ ≥ θ̂ = the larger of θ₁ and the top of the pencil (Kᵀ·G²·K, Kᵀ·G·K), both Rayleigh
 ///   quotients. Its bound: for an eigenpair (λ, u), Kᵀu = (λ − T)⁻¹ (GK − KT)ᵀ u, so the
 ///   start block's share of u, ‖Q₀ᵀu‖², is at most ‖E₀ᵀ(λ − T)⁻¹ (GK − KT)ᵀ‖², which falls
@@ -119,31 +125,35 @@ pub struct Sketch {
 ///   converged pairs), its error the weight of the node where it ends plus the jackknife
 ///   term.
 ///
-/// Costs 2(q + 1) passes over x (the first with b + m columns, the others with b) and small
-/// dense algebra per checked depth.
-pub fn sketch_spectral(
-    x: &Tensor,
-    trace: f64,
-    seed: u64,
-    goal: SketchGoal,
-) -> Result<Sketch, TchError> {
-    if x.dim() != 2 {
-        return Ok(unmeasured(0));
-    }
+/// Costs q + 1 products with G (the first b + m columns wide, the others b; two passes
+/// over A each for a factored G) and small dense algebra per checked depth. Never panics:
+/// input it cannot measure (non-finite values or products, a side too small for the
+/// space, a non-square explicit G) gives no spectrum and `vouched` false, so the caller
+/// measures exactly; a zero `trace` gives the zero spectrum.
+pub fn sketch_spectral(op: &GramOperator<'_>, trace: f64, seed: u64, goal: SketchGoal) -> Sketch {
     if trace == 0.0 {
-        return Ok(Sketch {
+        return Sketch {
             spectral: Spectral::zero(),
             errors: SpectralErrors::default(),
             vouched: true,
             steps: 0,
-        });
+        };
     }
-    let mut krylov = Krylov::start(x, trace, seed)?;
+    // The deepest space and the block after it must fit in r dimensions.
+    let deepest = SKETCH_BLOCK * (SKETCH_SCHEDULE[SKETCH_SCHEDULE.len() - 1] + 2);
+    if !op.is_valid() || op.side() < deepest || !(trace.is_finite() && trace > 0.0) {
+        return unmeasured(0);
+    }
+    let Some(mut krylov) = Krylov::start(op, trace, seed) else {
+        return unmeasured(0);
+    };
     let mut known = None;
     let mut stage = None;
     for steps in SKETCH_SCHEDULE {
-        krylov.extend(steps)?;
-        let found = krylov.analyse(goal, known)?;
+        if !krylov.extend(steps) {
+            return unmeasured(krylov.steps);
+        }
+        let found = krylov.analyse(goal, known);
         known = found.known.filter(|_| found.stable_rank_vouched);
         let done = found.sketch.vouched;
         stage = Some(found.sketch);
@@ -151,7 +161,7 @@ pub fn sketch_spectral(
             break;
         }
     }
-    Ok(stage.unwrap_or_else(|| unmeasured(krylov.steps)))
+    stage.unwrap_or_else(|| unmeasured(krylov.steps))
 }
 
 /// No spectrum, and nothing vouched for (the caller measures exactly).
@@ -164,26 +174,28 @@ fn unmeasured(steps: usize) -> Sketch {
     }
 }
 
-/// The growing Krylov space of one matrix and what the estimates need from it.
-struct Krylov {
-    x: Tensor,
-    r: i64,
-    inverse_norm: f64,
+/// The growing Krylov space of one matrix and what the estimates need from it (float64).
+struct Krylov<'a> {
+    op: GramOperator<'a>,
+    r: usize,
+    /// 1/‖A‖_F: the products are of G / Σλ.
+    inverse_norm: f32,
     /// K: r × k, orthonormal columns, the start block Q₀ first.
-    basis: Tensor,
-    /// Per block V: aᵀ·V (c × b) and G·V (r × b), float32, and their float64 copies.
-    halves: Vec<Tensor>,
-    halves64: Vec<Tensor>,
-    products: Vec<Tensor>,
-    products64: Vec<Tensor>,
-    /// T = KᵀGK = (aᵀK)ᵀ(aᵀK) and (GK)ᵀ(GK), float64, grown a block at a time.
-    projected: Tensor,
-    squares: Tensor,
+    basis: Mat<f64>,
+    /// aᵀ·K (c × k) for a factored G: T is its Gram matrix.
+    halves: Option<Mat<f64>>,
+    /// G·K (r × k).
+    products: Mat<f64>,
+    /// ‖G·V‖_F of the last block V.
+    last_product_norm: f64,
+    /// T = KᵀGK and (GK)ᵀ(GK), grown a block at a time.
+    projected: Mat<f64>,
+    squares: Mat<f64>,
     /// (I − P)·G·V for the last block V: the next block, and the border of the Radau rule.
-    residual: Tensor,
-    /// The Rademacher probes Z and G·Z.
-    z: Tensor,
-    gz: Tensor,
+    residual: Mat<f64>,
+    /// The Rademacher probes Z and G·Z (r × m).
+    z: Mat<f64>,
+    gz: Mat<f64>,
     /// Block steps after the first so far.
     steps: usize,
 }
@@ -203,151 +215,197 @@ struct Known {
     top: f64,
 }
 
-impl Krylov {
-    fn start(x: &Tensor, trace: f64, seed: u64) -> Result<Krylov, TchError> {
-        let (n, d) = (x.size()[0], x.size()[1]);
-        let device = x.device();
-        let r = n.min(d);
+impl<'a> Krylov<'a> {
+    /// The start block and the probes from `seed` (the same random stream as before the
+    /// sketch left libtorch: Gaussian Ω row-major, then the probes' signs), and their
+    /// products; `None` where a product is not finite.
+    fn start(op: &GramOperator<'a>, trace: f64, seed: u64) -> Option<Krylov<'a>> {
+        let r = op.side();
         let (b, m) = (SKETCH_BLOCK, SKETCH_PROBES);
         let mut rng = SplitMix64(seed ^ 0x5ce7_c4b0_0000_0001);
-        let omega = Tensor::f_from_slice(&gaussian(&mut rng, (r * b) as usize))?
-            .f_reshape([r, b])?
-            .f_to_device(device)?;
-        let probes: Vec<f32> = (0..r * m)
+        let omega = gaussian(&mut rng, r * b);
+        let omega = Mat::from_fn(r, b, |i, j| f64::from(omega[i * b + j]));
+        let signs: Vec<f64> = (0..r * m)
             .map(|_| if rng.next_u64() >> 63 == 0 { 1.0 } else { -1.0 })
             .collect();
-        let z = Tensor::f_from_slice(&probes)?
-            .f_reshape([r, m])?
-            .f_to_device(device)?;
+        let z = Mat::from_fn(r, m, |i, j| signs[i * m + j]);
+        let q0 = omega.qr().compute_thin_Q();
         let mut krylov = Krylov {
-            x: x.f_to_kind(Kind::Float)?,
+            op: *op,
             r,
-            // The products are divided by ‖x‖_F: the sketch works on G / Σλ, whose
+            // The products are divided by ‖A‖_F: the sketch works on G / Σλ, whose
             // eigenvalues sum to 1, so float32 neither overflows for large activations
             // nor underflows for tiny ones.
-            inverse_norm: 1.0 / trace.sqrt(),
-            basis: Tensor::new(),
-            halves: Vec::new(),
-            halves64: Vec::new(),
-            products: Vec::new(),
-            products64: Vec::new(),
-            projected: Tensor::new(),
-            squares: Tensor::new(),
-            residual: Tensor::new(),
+            inverse_norm: (1.0 / trace.sqrt()) as f32,
+            basis: Mat::zeros(r, 0),
+            halves: None,
+            products: Mat::zeros(r, 0),
+            last_product_norm: 0.0,
+            projected: Mat::zeros(0, 0),
+            squares: Mat::zeros(0, 0),
+            residual: Mat::zeros(r, b),
             z,
-            gz: Tensor::new(),
+            gz: Mat::zeros(r, m),
             steps: 0,
         };
-        let (q0, _) = Tensor::f_linalg_qr(&omega, "reduced")?;
-        let (half, first) = krylov.gram_times(&Tensor::f_cat(&[&q0, &krylov.z], 1)?)?;
-        krylov.gz = first.f_narrow(1, b, m)?;
-        krylov.basis = q0;
-        krylov.push(half.f_narrow(1, 0, b)?, first.f_narrow(1, 0, b)?)?;
-        krylov.residual = orthogonal_to(&krylov.products[0], &krylov.basis)?;
-        Ok(krylov)
+        let first = Mat::from_fn(r, b + m, |i, j| {
+            if j < b {
+                q0[(i, j)]
+            } else {
+                krylov.z[(i, j - b)]
+            }
+        });
+        let (half, full) = krylov.gram_times(first.as_ref())?;
+        krylov.gz = full.subcols(b, m).to_owned();
+        krylov.push(
+            q0.as_ref(),
+            half.as_ref().map(|h| h.subcols(0, b)),
+            full.subcols(0, b),
+        );
+        krylov.residual = orthogonal_to(full.subcols(0, b), krylov.basis.as_ref());
+        Some(krylov)
     }
 
-    /// (aᵀ·v, G·v), both divided by ‖x‖_F, with a the r × c orientation of x (r ≤ c, so
-    /// G = a·aᵀ is the smaller Gram matrix).
-    fn gram_times(&self, v: &Tensor) -> Result<(Tensor, Tensor), TchError> {
-        gram::gram_times(&self.x, v, self.inverse_norm)
+    /// (aᵀ·v, G·v) in float64, divided by ‖A‖_F and Σλ, from float32 products; `None`
+    /// where a value is not finite.
+    fn gram_times(&self, v: MatRef<'_, f64>) -> Option<(Option<Mat<f64>>, Mat<f64>)> {
+        let v32 = Mat::from_fn(v.nrows(), v.ncols(), |i, j| v[(i, j)] as f32);
+        let product = self.op.apply(v32.as_ref(), self.inverse_norm);
+        let widen = |m: &Mat<f32>| Mat::from_fn(m.nrows(), m.ncols(), |i, j| f64::from(m[(i, j)]));
+        let full = widen(&product.full);
+        let half = product.half.as_ref().map(widen);
+        let finite = full.is_all_finite() && half.as_ref().is_none_or(|h| h.is_all_finite());
+        finite.then_some((half, full))
     }
 
-    /// Adds a block's products, growing T and (GK)ᵀ(GK) by its rows and columns.
-    fn push(&mut self, half: Tensor, full: Tensor) -> Result<(), TchError> {
-        let half64 = half.f_to_kind(Kind::Double)?;
-        let full64 = full.f_to_kind(Kind::Double)?;
-        self.projected = grow(&self.projected, &self.halves64, &half64)?;
-        self.squares = grow(&self.squares, &self.products64, &full64)?;
-        self.halves.push(half);
-        self.halves64.push(half64);
-        self.products.push(full);
-        self.products64.push(full64);
-        Ok(())
+    /// Adds a block V (r × b) of the basis with its products, growing T and (GK)ᵀ(GK) by
+    /// its rows and columns.
+    fn push(
+        &mut self,
+        next: MatRef<'_, f64>,
+        half: Option<MatRef<'_, f64>>,
+        full: MatRef<'_, f64>,
+    ) {
+        let k = self.basis.ncols();
+        let b = next.ncols();
+        // T's new columns: (aᵀK)ᵀ(aᵀV) for a factored G, else Kᵀ(GV) (symmetrized).
+        let block = match half {
+            Some(half) => {
+                let halves = self
+                    .halves
+                    .get_or_insert_with(|| Mat::zeros(half.nrows(), 0));
+                append(halves, half);
+                mul(halves.transpose(), half)
+            }
+            None => {
+                let mut block = Mat::zeros(k + b, b);
+                matmul(
+                    block.as_mut().subrows_mut(0, k),
+                    Accum::Replace,
+                    self.basis.transpose(),
+                    full,
+                    1.0,
+                    Par::Seq,
+                );
+                matmul(
+                    block.as_mut().subrows_mut(k, b),
+                    Accum::Replace,
+                    next.transpose(),
+                    full,
+                    1.0,
+                    Par::Seq,
+                );
+                symmetrize(block.as_mut().subrows_mut(k, b));
+                block
+            }
+        };
+        append(&mut self.basis, next);
+        append(&mut self.products, full);
+        let squares = mul(self.products.transpose(), full);
+        self.projected = grown(&self.projected, block.as_ref());
+        self.squares = grown(&self.squares, squares.as_ref());
+        self.last_product_norm = full.norm_l2();
     }
 
-    /// Grows the space to `steps` block steps after the first.
-    fn extend(&mut self, steps: usize) -> Result<(), TchError> {
+    /// Grows the space to `steps` block steps after the first; false where a product is
+    /// not finite.
+    fn extend(&mut self, steps: usize) -> bool {
         while self.steps < steps {
-            let (next, upper) = Tensor::f_linalg_qr(&self.residual, "reduced")?;
+            let qr = self.residual.qr();
+            let mut next = qr.compute_thin_Q();
             // The residual keeps round-off components along the basis of about ε·‖G·V‖,
             // which the QR scales up by ‖G·V‖ / |Rᵢᵢ|. Where the projection took most of
             // the block (the space nearly exhausted: rank below its size, or a steep
             // spectrum) they would not be small any more, so the block is orthogonalized
             // once more.
-            let scale = to_host(&Tensor::f_stack(
-                &[
-                    upper.f_diagonal(0, 0, 1)?.f_abs()?.f_min()?,
-                    self.products.last().expect("one block at least").f_norm()?,
-                ],
-                0,
-            )?)?;
-            let next = if scale[0] > SKETCH_REORTHOGONALIZE * scale[1] {
-                next
-            } else {
-                Tensor::f_linalg_qr(&orthogonal_to(&next, &self.basis)?, "reduced")?.0
+            let upper = qr.thin_R();
+            let pivot = (0..upper.ncols())
+                .map(|i| upper[(i, i)].abs())
+                .fold(f64::INFINITY, f64::min);
+            if pivot <= SKETCH_REORTHOGONALIZE * self.last_product_norm {
+                next = orthogonal_to(next.as_ref(), self.basis.as_ref())
+                    .qr()
+                    .compute_thin_Q();
+            }
+            let Some((half, full)) = self.gram_times(next.as_ref()) else {
+                return false;
             };
-            let (half, full) = self.gram_times(&next)?;
-            self.basis = Tensor::f_cat(&[&self.basis, &next], 1)?;
-            self.residual = orthogonal_to(&full, &self.basis)?;
-            self.push(half, full)?;
+            self.push(next.as_ref(), half.as_ref().map(Mat::as_ref), full.as_ref());
+            self.residual = orthogonal_to(full.as_ref(), self.basis.as_ref());
             self.steps += 1;
         }
-        Ok(())
+        true
     }
 
     /// The columns and their error estimates from the space as it is. `known`: the λ₁
     /// estimate and bound of a smaller depth that vouched for `stable_rank`.
-    fn analyse(&self, goal: SketchGoal, known: Option<Known>) -> Result<Stage, TchError> {
-        let r = self.r as usize;
-        let b = SKETCH_BLOCK;
-        let k = self.basis.size()[1];
-        let g_basis = Tensor::f_cat(&self.products, 1)?;
-        let (theta, vectors) = self.projected.f_linalg_eigh("L")?;
-        let theta_host = to_host(&theta)?;
-        let largest = theta_host.last().copied().unwrap_or(0.0);
+    fn analyse(&self, goal: SketchGoal, known: Option<Known>) -> Stage {
+        let failed = || Stage {
+            sketch: unmeasured(self.steps),
+            known: None,
+            stable_rank_vouched: false,
+        };
+        let (r, b) = (self.r, SKETCH_BLOCK);
+        let k = self.basis.ncols();
+        let Some((theta, vectors)) = eigh(self.projected.as_ref()) else {
+            return failed();
+        };
+        let largest = theta.last().copied().unwrap_or(0.0);
         // A smaller depth's λ₁ estimate is a Rayleigh quotient too: the pencil is not needed
         // again once `stable_rank` is vouched for.
         let pencil = match known {
             Some(known) => known.top,
-            None => pencil_top(&theta, &theta_host, &vectors, &self.squares)?,
+            None => pencil_top(&theta, vectors.as_ref(), self.squares.as_ref()),
         };
         let top = largest.max(pencil).min(1.0);
-        let finite = theta_host.iter().all(|t| t.is_finite()) && pencil.is_finite();
+        let finite = theta.iter().all(|t| t.is_finite()) && pencil.is_finite();
         if !finite || top <= 0.0 {
-            return Ok(Stage {
-                sketch: unmeasured(self.steps),
-                known: None,
-                stable_rank_vouched: false,
-            });
+            return failed();
         }
 
         // Ritz residual norms ‖G·K·y − θ·K·y‖ = ‖R·y_q‖ (R the last block's residual, y_q
         // the last block of y): the Krylov relation, up to round-off.
-        let residual = self.residual.f_to_kind(Kind::Double)?;
-        let residual_gram = residual.f_tr()?.f_matmul(&residual)?;
-        let last = vectors.f_narrow(0, k - b, b)?;
-        let residual_norm = to_host(
-            &last
-                .f_mul(&residual_gram.f_matmul(&last)?)?
-                .f_sum_dim_intlist(0, false, Kind::Double)?
-                .f_clamp_min(0.0)?
-                .f_sqrt()?,
-        )?;
+        let residual_gram = mul(self.residual.transpose(), self.residual.as_ref());
+        let last = vectors.subrows(k - b, b);
+        let reach = mul(residual_gram.as_ref(), last);
+        let residual_norm: Vec<f64> = (0..k)
+            .map(|j| {
+                let s: f64 = (0..b).map(|i| last[(i, j)] * reach[(i, j)]).sum();
+                s.max(0.0).sqrt()
+            })
+            .collect();
 
         // λ₁ and `stable_rank`.
         let bound = match known {
             Some(known) => known.bound.max(top),
-            None => {
-                self.lambda_bound(&g_basis, &theta, &theta_host, &vectors, &residual_gram, top)?
-            }
+            None => self.lambda_bound(&theta, vectors.as_ref(), residual_gram.as_ref(), top),
         };
         let stable_rank_err = (bound / top - 1.0).max(SKETCH_ERROR_FLOOR);
 
         // Σλ² and `participation_ratio`.
-        let (trace_sq, trace_sq_se) = self.trace_sq(&g_basis)?;
+        let (trace_sq, trace_sq_se) = self.trace_sq();
         // Σλ² is at least what K holds (and (Σλ)² / r), and at most λ₁·Σλ.
-        let inside = self.squares.f_trace()?.double_value(&[]);
+        let inside = trace_of(self.squares.as_ref());
         let trace_sq = clamped(trace_sq, (1.0 / r as f64).max(inside), bound);
         let margin = SKETCH_Z * trace_sq_se;
         let participation_err = if trace_sq > margin {
@@ -357,21 +415,14 @@ impl Krylov {
         };
 
         // The quadrature for Σσ and Σ σ ln σ.
-        let converged: Vec<bool> = theta_host
+        let converged: Vec<bool> = theta
             .iter()
             .zip(&residual_norm)
             .map(|(&t, &res)| t > 0.0 && res <= SKETCH_CONVERGED * t)
             .collect();
-        let first_block = to_host(&vectors.f_narrow(0, 0, b)?.f_square()?.f_reshape([-1])?)?;
-        let radau = self.radau(&theta_host, &theta, &vectors)?;
-        let quadrature = Quadrature::new(
-            r,
-            top,
-            &theta_host,
-            &converged,
-            &first_block,
-            radau.as_ref(),
-        );
+        let first_block = squared_rows(vectors.subrows(0, b));
+        let radau = self.radau(&theta, vectors.as_ref());
+        let quadrature = Quadrature::new(r, top, &theta, &converged, &first_block, radau.as_ref());
         let [effective, ratio_sv, nuclear] = quadrature.values();
         let nuclear_err = (1.0 + nuclear.1) * (bound / top).sqrt() - 1.0;
         let (count, count_err) = quadrature.count90();
@@ -404,7 +455,7 @@ impl Krylov {
             effective_rank: Some(floor(effective.1)),
         };
         let (vouched, stable_rank_vouched) = mark_unvouched(&mut spectral, &errors, goal);
-        Ok(Stage {
+        Stage {
             sketch: Sketch {
                 spectral,
                 errors,
@@ -413,34 +464,45 @@ impl Krylov {
             },
             known: Some(Known { bound, top }),
             stable_rank_vouched,
-        })
+        }
     }
 
     /// Σλ² (units of (Σλ)²) and its standard error: ‖G·K‖²_F exactly, plus ‖G·(I − P)‖²_F
     /// by Hutchinson's estimator over the probes Z, with zᵀ(I − P)G(I − P)z, whose mean
     /// 1 − tr T is known exactly, as a control variate.
-    fn trace_sq(&self, g_basis: &Tensor) -> Result<(f64, f64), TchError> {
-        let m = SKETCH_PROBES as usize;
-        let coefficients = self.basis.f_tr()?.f_matmul(&self.z)?;
-        let g_outside = self
-            .gz
-            .f_sub(&g_basis.f_matmul(&coefficients)?)?
-            .f_to_kind(Kind::Double)?;
-        let outside = self
-            .z
-            .f_sub(&self.basis.f_matmul(&coefficients)?)?
-            .f_to_kind(Kind::Double)?;
-        let a = to_host(
-            &g_outside
-                .f_square()?
-                .f_sum_dim_intlist(0, false, Kind::Double)?,
-        )?;
-        let c = to_host(
-            &outside
-                .f_mul(&g_outside)?
-                .f_sum_dim_intlist(0, false, Kind::Double)?,
-        )?;
-        let trace_outside = 1.0 - self.projected.f_trace()?.double_value(&[]);
+    fn trace_sq(&self) -> (f64, f64) {
+        let m = SKETCH_PROBES;
+        let coefficients = mul(self.basis.transpose(), self.z.as_ref());
+        let mut g_outside = self.gz.clone();
+        matmul(
+            g_outside.as_mut(),
+            Accum::Add,
+            self.products.as_ref(),
+            coefficients.as_ref(),
+            -1.0,
+            Par::Seq,
+        );
+        let mut outside = self.z.clone();
+        matmul(
+            outside.as_mut(),
+            Accum::Add,
+            self.basis.as_ref(),
+            coefficients.as_ref(),
+            -1.0,
+            Par::Seq,
+        );
+        let a: Vec<f64> = (0..m).map(|j| g_outside.col(j).squared_norm_l2()).collect();
+        let c: Vec<f64> = (0..m)
+            .map(|j| {
+                g_outside
+                    .col(j)
+                    .iter()
+                    .zip(outside.col(j).iter())
+                    .map(|(x, y)| x * y)
+                    .sum()
+            })
+            .collect();
+        let trace_outside = 1.0 - trace_of(self.projected.as_ref());
         let (mean_a, mean_c) = (mean(&a), mean(&c));
         let var_c = c.iter().map(|v| (v - mean_c).powi(2)).sum::<f64>();
         let beta = if var_c > 0.0 {
@@ -460,88 +522,9 @@ impl Krylov {
         let estimate = mean(&adjusted);
         let spread =
             adjusted.iter().map(|v| (v - estimate).powi(2)).sum::<f64>() / (m as f64 - 2.0);
-        let inside = self.squares.f_trace()?.double_value(&[]);
-        Ok((inside + estimate, (spread / m as f64).sqrt()))
+        let inside = trace_of(self.squares.as_ref());
+        (inside + estimate, (spread / m as f64).sqrt())
     }
-
-    /// The Gauss–Radau rule with a node at 0: T bordered by C (the last residual
-    /// R = V'·C, CᵀC = RᵀR = L·Lᵀ, C = Lᵀ) and the diagonal block C·(Eᵀ·T⁻¹·E)·Cᵀ (E picks
-    /// the last block), which makes 0 an eigenvalue. Its nodes and the start block's
-    /// squared components of their vectors (b × (k + b), row-major); `None` where the
-    /// residual vanishes (the space holds the whole spectrum).
-    fn radau(
-        &self,
-        theta_host: &[f64],
-        theta: &Tensor,
-        vectors: &Tensor,
-    ) -> Result<Option<RadauRule>, TchError> {
-        let b = SKETCH_BLOCK;
-        let k = theta.size()[0];
-        let largest = theta_host[theta_host.len() - 1];
-        if largest <= 0.0 {
-            return Ok(None);
-        }
-        let rr = self.residual.f_to_kind(Kind::Double)?;
-        let (lower, info) = rr
-            .f_tr()?
-            .f_matmul(&rr)?
-            .f_linalg_cholesky_ex(false, false)?;
-        if i64::try_from(&info.f_to_device(Device::Cpu)?)? != 0 {
-            return Ok(None);
-        }
-        let last = vectors.f_narrow(0, k - b, b)?;
-        // Eᵀ·T⁺·E: Ritz values at round-off level are G's null directions inside K (a
-        // rank below the space's size), already nodes at 0; their Ritz vectors have no
-        // last-block component (G·K·y = 0 leaves no residual), so they drop out.
-        let null = theta.f_le(1e-12 * largest)?;
-        let inverse_theta = theta.f_reciprocal()?.f_masked_fill(&null, 0.0)?;
-        let inverse = last.f_mul(&inverse_theta)?.f_matmul(&last.f_tr()?)?;
-        let corner = lower.f_tr()?.f_matmul(&inverse)?.f_matmul(&lower)?;
-        let zeros =
-            |rows: i64, cols: i64| Tensor::f_zeros([rows, cols], (Kind::Double, theta.device()));
-        let right = Tensor::f_cat(&[&zeros(k - b, b)?, &lower], 0)?;
-        let bottom = Tensor::f_cat(&[&zeros(b, k - b)?, &lower.f_tr()?, &corner], 1)?;
-        let bordered = Tensor::f_cat(
-            &[&Tensor::f_cat(&[&self.projected, &right], 1)?, &bottom],
-            0,
-        )?;
-        let (nodes, radau_vectors) = bordered.f_linalg_eigh("L")?;
-        let first = radau_vectors
-            .f_narrow(0, 0, b)?
-            .f_square()?
-            .f_reshape([-1])?;
-        Ok(Some((to_host(&nodes)?, to_host(&first)?)))
-    }
-}
-
-/// The Gauss–Radau rule's nodes, and per probe (b rows) the squared start-block components
-/// of their vectors (row-major).
-type RadauRule = (Vec<f64>, Vec<f64>);
-
-/// `gram` (the Gram matrix of `olds`' columns) grown by the columns of `new`.
-fn grow(gram: &Tensor, olds: &[Tensor], new: &Tensor) -> Result<Tensor, TchError> {
-    let diagonal = new.f_tr()?.f_matmul(new)?;
-    if olds.is_empty() {
-        return Ok(diagonal);
-    }
-    let cross = Tensor::f_cat(
-        &olds
-            .iter()
-            .map(|old| old.f_tr()?.f_matmul(new))
-            .collect::<Result<Vec<_>, _>>()?,
-        0,
-    )?;
-    let upper = Tensor::f_cat(&[gram, &cross], 1)?;
-    let lower = Tensor::f_cat(&[&cross.f_tr()?, &diagonal], 1)?;
-    Tensor::f_cat(&[&upper, &lower], 0)
-}
-
-/// `y` with its components along the orthonormal columns of `basis` removed (classical
-/// Gram–Schmidt, twice: once is not enough in floating point).
-fn orthogonal_to(y: &Tensor, basis: &Tensor) -> Result<Tensor, TchError> {
-    let basis_t = basis.f_tr()?;
-    let once = y.f_sub(&basis.f_matmul(&basis_t.f_matmul(y)?)?)?;
-    once.f_sub(&basis.f_matmul(&basis_t.f_matmul(&once)?)?)
 }
 
 /// `value` within [low, high], `high` winning where the two cross (rounding).

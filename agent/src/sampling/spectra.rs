@@ -5,9 +5,9 @@
 
 use tch::{Kind, TchError, Tensor};
 
+use super::gram::GramOperator;
 use super::measure::measure_with;
 use super::options::{SketchPolicy, SpectrumMode, SpectrumOptions};
-use super::prepare::Sample;
 use super::sketch::{SketchGoal, sketch_spectral};
 use super::spectral::{SplitMix64, gaussian};
 
@@ -226,11 +226,8 @@ pub fn compare(
     cols: i64,
     repeats: usize,
 ) -> Result<Comparison, TchError> {
-    let sample = Sample {
-        matrix: kind.matrix(rows, cols, 11)?,
-        conv_layout: "",
-        seed: 11,
-    };
+    let matrix = kind.matrix(rows, cols, 11)?;
+    let mut sample = crate::torch::host_sample(&matrix, 11)?;
     let options = |mode| SpectrumOptions {
         mode,
         sketch_threshold: 0,
@@ -251,7 +248,7 @@ pub fn compare(
         for i in (0..runs.len()).map(|i| (i + round) % runs.len()) {
             let (mode, policy) = runs[i];
             let started = Clock::now();
-            let m = measure_with(&sample, false, &options(mode), &policy);
+            let m = measure_with(&mut sample, false, &options(mode), &policy);
             times[i].push(started.elapsed());
             results[i] = Some(m);
         }
@@ -263,12 +260,16 @@ pub fn compare(
         .zip(sketch.spectral.named())
         .map(|(&(_, e), (_, s))| (s - e).abs() / e.abs().max(f64::MIN_POSITIVE))
         .collect();
-    let trace = sample
-        .matrix
-        .f_square()?
-        .f_sum(Kind::Double)?
-        .double_value(&[]);
-    let steps = sketch_spectral(&sample.matrix, trace, sample.seed, SketchGoal::AllColumns)?.steps;
+    let trace = matrix.f_square()?.f_sum(Kind::Double)?.double_value(&[]);
+    let host = Vec::<f32>::try_from(&matrix.f_to_kind(Kind::Float)?.f_reshape([-1])?)?;
+    let x = faer::MatRef::from_row_major_slice(&host, rows as usize, cols as usize);
+    let steps = sketch_spectral(
+        &GramOperator::Factored(x),
+        trace,
+        11,
+        SketchGoal::AllColumns,
+    )
+    .steps;
     Ok(Comparison {
         kind,
         exact_cpu_s: median(std::mem::take(&mut times[0])),
@@ -445,7 +446,6 @@ mod tests {
             r.parse()
                 .expect("SPECTRUM_TABLE_ROUNDS is a whole number, e.g. 5")
         });
-        crate::sampling::threads::limit_this_thread(1);
         let comparisons: Vec<Comparison> = SpectrumKind::BENCH
             .into_iter()
             .map(|kind| compare(kind, rows, cols, rounds).unwrap())

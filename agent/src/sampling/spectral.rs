@@ -1,7 +1,6 @@
 //! What the exact path and the sketch share: the six spectral columns ([`Spectral`]) and
 //! how they follow from eigenvalues ([`spectral`]), the seeded random source
-//! ([`SplitMix64`], [`gaussian`]), and host copies of small tensors ([`to_host`]). It
-//! imports nothing else of the agent.
+//! ([`SplitMix64`], [`gaussian`]). It imports nothing else of the agent.
 //!
 //! # Spectral metrics
 //!
@@ -23,8 +22,6 @@
 //!   a signal worth plotting; nulls are kept for input that cannot be measured.
 //! - **Rank 1** (one non-zero row, d = 1, an outer product): every ratio is 1 and
 //!   `cum_energy_90` is 1.
-
-use tch::{Device, Kind, TchError, Tensor};
 
 /// The six spectral columns; all `None` when the spectrum cannot be measured.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -132,11 +129,6 @@ pub(crate) fn gaussian(rng: &mut SplitMix64, len: usize) -> Vec<f32> {
             ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
         })
         .collect()
-}
-
-/// A small 1-D float64 tensor's values on the host.
-pub(crate) fn to_host(t: &Tensor) -> Result<Vec<f64>, TchError> {
-    Vec::<f64>::try_from(&t.f_to_device(Device::Cpu)?.f_to_kind(Kind::Double)?)
 }
 
 /// The six spectral metrics from the eigenvalues of AᵀA (or AAᵀ), in any order, following

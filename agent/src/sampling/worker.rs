@@ -1,20 +1,22 @@
-//! The metrics worker: a thread that turns sampled activations into `layers` rows,
-//! so the spectra never run on the training thread.
+//! The metrics worker: a thread that turns samples into `layers` rows, so the spectra
+//! never run on the training thread.
 //!
-//! The training thread prepares each sample once ([`super::prepare::prepare`]: reshape
-//! and row sample, then a detached copy) and hands the [`Job`] over through a queue;
-//! this thread only measures ([`super::measure::measure`]). The training thread
-//! samples no step whose samples the queue has no room for (it counts the step as
-//! skipped, [`crate::budget::sampler`]), and the overhead budget keeps the worker's CPU
-//! time within its share ([`crate::budget`]): the worker runs in the normal
-//! scheduling class and reports its own CPU time after each sample.
+//! The training thread reads each sample once (into a buffer of the agent's,
+//! [`super::host`]), or an adapter hands over what a device reduced it to, and the
+//! [`Job`] goes through a queue; this thread only measures ([`super::measure::measure`])
+//! and gives the buffer back ([`SampleBuffers`]). An adapter whose sample still has to
+//! come to the host (a tch tensor on a GPU) hands over a [`DeferredSample`], read here.
+//! The training thread samples no step whose samples the queue has no room for (it
+//! counts the step as skipped, [`crate::budget::sampler`]), and the overhead budget
+//! keeps the worker's CPU time within its share ([`crate::budget`]): the worker runs in
+//! the normal scheduling class and reports its own CPU time after each sample.
 //!
-//! Before its first job the thread warms up ([`warm_up`]): it prepares and measures
-//! a small synthetic sample, so libtorch's one-time set-up (its first calls, the
-//! LAPACK eigen-solver's, the thread's intra-op pool) is paid at `init`, off the
-//! training thread, and not by the run's first sample. Its CPU time is reported
-//! apart ([`WorkerCounters::warm_up_ns`]) and left out of the overhead budget, which
-//! then learns what a sample costs from a first sample that costs what later ones do.
+//! Before its first job the thread warms up ([`warm_up`]): it measures a small
+//! synthetic sample, so one-time set-up (the thread's first allocations, the eigen-
+//! solver's first call) is paid at `init`, off the training thread, and not by the
+//! run's first sample. Its CPU time is reported apart ([`WorkerCounters::warm_up_ns`])
+//! and left out of the overhead budget, which then learns what a sample costs from a
+//! first sample that costs what later ones do.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,76 +26,96 @@ use std::time::{Duration, Instant};
 
 use rankscope_proto::v1::EventRow;
 
-use tch::{Device, Kind, Tensor};
-
+use super::buffers::SampleBuffers;
+use super::host::{HostSample, SampleMatrix};
 use super::measure::measure;
-use super::options::{ConvLayout, MatrixOptions, SpectrumMode, SpectrumOptions};
-use super::prepare::{Sample, prepare};
+use super::options::{SpectrumMode, SpectrumOptions};
 use super::sketch::SKETCH_MIN_SIDE;
+use super::spectral::{SplitMix64, gaussian};
 use crate::budget::cpu_clock;
 use crate::budget::sampler::WorkerCounters;
 use crate::rows::now_us;
 use crate::transport::Transport;
 use rankscope_proto::Row;
 
-/// One sampled activation, prepared on the training thread.
+/// A sample whose data an adapter still has to bring to the host, on the metrics
+/// thread (a tch tensor on a GPU: the copy waits for the device, so not on the
+/// training thread).
+pub trait DeferredSample: Send {
+    /// The sample on the host, read into `buffer` (reused) where it is a matrix; the
+    /// error's text goes into an `events` row.
+    fn read(self: Box<Self>, buffer: Vec<f32>) -> Result<HostSample, String>;
+}
+
+/// What a job brings.
+pub enum JobInput {
+    Ready(HostSample),
+    Deferred(Box<dyn DeferredSample>),
+}
+
+impl std::fmt::Debug for JobInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobInput::Ready(sample) => f.debug_tuple("Ready").field(sample).finish(),
+            JobInput::Deferred(_) => f.write_str("Deferred"),
+        }
+    }
+}
+
+/// One sampled activation, handed over by the training thread.
 #[derive(Debug)]
 pub struct Job {
     pub step: u64,
     pub layer: String,
-    pub sample: Sample,
+    pub input: JobInput,
     /// When it was sampled.
     pub time: i64,
 }
 
 impl Job {
-    /// A job for `sample`, time-stamped now.
-    pub fn new(step: u64, layer: &str, sample: Sample) -> Job {
+    /// A job for `input`, time-stamped now.
+    pub fn new(step: u64, layer: &str, input: JobInput) -> Job {
         Job {
             step,
             layer: layer.to_string(),
-            sample,
+            input,
             time: now_us(),
         }
     }
 }
 
-/// Rows and columns of the warm-up's synthetic activation: past the row cap's
-/// default, so row sampling runs too, and small enough to cost a few milliseconds.
-const WARM_UP_SHAPE: [i64; 2] = [320, 48];
+/// Rows and columns of the warm-up's synthetic sample: small enough to cost a few
+/// milliseconds.
+const WARM_UP_SHAPE: (usize, usize) = (256, 48);
 
-/// Runs the metrics path once on a synthetic sample, so that libtorch's one-time
-/// set-up for it happens now rather than in the run's first sample: the ops of
-/// [`prepare`] (whose first calls set up state shared by every thread) and of
-/// [`measure`] (the Gram matrix, the eigen-solve, the health statistics), and the
-/// sketch's where the configured mode always sketches a wide enough matrix. On a
-/// CUDA device, whose samples are measured there, it also pays for the device's
-/// first calls on this thread (the solver's handle among them). Its result is
-/// thrown away; a failure only means the first sample pays instead.
-pub(crate) fn warm_up(centered: bool, spectrum: &SpectrumOptions, device: Device) {
-    let _guard = tch::no_grad_guard();
-    let options = MatrixOptions {
-        max_rows: 256,
+/// Measures a synthetic sample once, so the metrics path's one-time set-up happens now
+/// rather than in the run's first sample; and the sketch's, where the configured mode
+/// always sketches a wide enough matrix. Its result is thrown away.
+pub(crate) fn warm_up(centered: bool, spectrum: &SpectrumOptions) {
+    let mut rng = SplitMix64(0x5eed);
+    let (rows, cols) = WARM_UP_SHAPE;
+    let matrix = SampleMatrix {
+        values: gaussian(&mut rng, rows * cols),
+        rows,
+        cols,
+    };
+    let _ = measure(
+        &mut HostSample::matrix(matrix, "", 0x5eed),
         centered,
-        conv_layout: ConvLayout::default(),
-        spectrum: *spectrum,
-    };
-    let Ok(activation) = Tensor::f_randn(WARM_UP_SHAPE, (Kind::Float, device)) else {
-        return;
-    };
-    if let Ok(sample) = prepare(&activation, &options, 0x5eed) {
-        let _ = measure(&sample, centered, spectrum);
-    }
+        spectrum,
+    );
     if spectrum.mode == SpectrumMode::Sketch {
-        let side = SKETCH_MIN_SIDE;
-        if let Ok(wide) = Tensor::f_randn([side, side], (Kind::Float, device)) {
-            let sample = Sample {
-                matrix: wide,
-                conv_layout: "",
-                seed: 0x5eed,
-            };
-            let _ = measure(&sample, centered, spectrum);
-        }
+        let side = SKETCH_MIN_SIDE as usize;
+        let matrix = SampleMatrix {
+            values: gaussian(&mut rng, side * side),
+            rows: side,
+            cols: side,
+        };
+        let _ = measure(
+            &mut HostSample::matrix(matrix, "", 0x5eed),
+            centered,
+            spectrum,
+        );
     }
 }
 
@@ -109,14 +131,13 @@ pub struct Worker {
 impl Worker {
     /// Starts the thread; it counts the jobs it is done with, its CPU time, and
     /// the jobs it skips at finish (dropped) in `counters`.
-    /// `cuda`: the index of the CUDA device this rank's samples come from, which the
-    /// warm-up sets up too.
+    /// Measured samples' buffers go back to `buffers`.
     pub(crate) fn start(
         transport: Arc<Transport>,
         centered: bool,
         spectrum: SpectrumOptions,
         counters: Arc<WorkerCounters>,
-        cuda: Option<usize>,
+        buffers: Arc<SampleBuffers>,
     ) -> std::io::Result<Worker> {
         // Unbounded as a channel: the training side admits a step only when the
         // queue has room for all its samples (`Sampler::decide`), which bounds it.
@@ -126,14 +147,7 @@ impl Worker {
         let thread = std::thread::Builder::new()
             .name("rankscope-metrics".into())
             .spawn(move || {
-                let _guard = tch::no_grad_guard();
-                if super::threads::limit_this_thread(1).is_none() {
-                    tracing::debug!("cannot limit the metrics worker's intra-op threads");
-                }
-                warm_up(centered, &spectrum, Device::Cpu);
-                if let Some(index) = cuda {
-                    warm_up(centered, &spectrum, Device::Cuda(index));
-                }
+                warm_up(centered, &spectrum);
                 // The warm-up (and the thread's start) is the agent's set-up, not a
                 // sample's cost: the CPU time reported from here on leaves it out.
                 let warm_up_ns = cpu_clock::this_thread_ns().unwrap_or(0);
@@ -152,8 +166,31 @@ impl Worker {
                         continue;
                     }
                     let started = Instant::now();
-                    let m = measure(&job.sample, centered, &spectrum);
+                    let sample = match job.input {
+                        JobInput::Ready(sample) => Ok(sample),
+                        JobInput::Deferred(deferred) => deferred.read(buffers.take(&job.layer)),
+                    };
+                    let mut sample = match sample {
+                        Ok(sample) => sample,
+                        Err(error) => {
+                            transport.send(Row::Event(EventRow {
+                                time: job.time,
+                                kind: crate::rows::event_kind::SAMPLE_UNREADABLE.into(),
+                                message: format!("layer {}: {error}", job.layer),
+                                value: None,
+                                step: Some(job.step),
+                            }));
+                            counters.dropped.fetch_add(1, Ordering::Relaxed);
+                            counters.done.fetch_add(1, Ordering::Relaxed);
+                            report_cpu();
+                            continue;
+                        }
+                    };
+                    let m = measure(&mut sample, centered, &spectrum);
                     let compute_ms = started.elapsed().as_secs_f64() * 1e3;
+                    if let Some(buffer) = sample.into_buffer() {
+                        buffers.give_back(&job.layer, buffer);
+                    }
                     if m.nonfinite > 0 {
                         transport.send(Row::Event(EventRow {
                             time: job.time,

@@ -1,6 +1,9 @@
-//! The handle training code holds: [`Agent`].
+//! The handle training code holds: [`Agent`]. What it takes from training code is
+//! framework-free (host activations, a device's reductions, parameter shapes); the
+//! adapters add their own methods (with the `torch` feature, [`crate::torch`]:
+//! `tap`, `observe`, `profile_model` over tch tensors).
 //!
-//! ```no_run
+//! ```ignore
 //! use rankscope_agent::{Agent, Phase};
 //! use tch::nn::{self, Module};
 //!
@@ -25,16 +28,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rankscope_proto::v1::ModelRow;
-use tch::Tensor;
-use tch::nn::VarStore;
 
 use super::comm::CommKind;
-use super::profile::{self, Optimizer};
+use super::memory::DeviceMemory;
+use super::profile::{self, Optimizer, Parameter};
+pub use super::recorder::PendingSample;
 use super::recorder::Recorder;
 use super::step::StepGuard;
-use super::tap::Tap;
 pub use crate::budget::sampler::{ActivationSamples, Overhead};
 use crate::config::{AgentConfig, AgentConfigBuilder, ConfigError, OnConfigError};
+use crate::sampling::worker::JobInput;
+use crate::sampling::{HostActivation, HostSample, MatrixOptions};
 use crate::transport::report::FinishReport;
 
 /// The agent of one rank. Cheap to clone (an `Arc`); `Send + Sync`.
@@ -86,6 +90,12 @@ impl Agent {
         }
     }
 
+    /// The running agent, for the adapters' own methods.
+    #[cfg(feature = "torch")]
+    pub(crate) fn recorder(&self) -> Option<&Arc<Recorder>> {
+        self.recorder.as_ref()
+    }
+
     /// Whether this agent records anything.
     pub fn is_active(&self) -> bool {
         self.recorder.is_some()
@@ -93,19 +103,6 @@ impl Agent {
 
     pub fn config(&self) -> Option<&AgentConfig> {
         self.recorder.as_deref().map(|r| &r.config)
-    }
-
-    /// Wraps `module` so its output is observed under `name`. The wrapper is
-    /// always the same; whether a step samples the layer is decided at each
-    /// forward ([`Agent::wants_layer`]: never for layers the filter excludes, in
-    /// `steps` mode, or on an inactive agent).
-    pub fn tap<M: tch::nn::Module>(&self, name: &str, module: M) -> Tap<M> {
-        Tap::new(self.recorder.clone(), name, module, None)
-    }
-
-    /// [`Agent::tap`] for a self-attention module, so the profile counts its FLOPs.
-    pub fn tap_attention<M: tch::nn::Module>(&self, name: &str, module: M) -> Tap<M> {
-        Tap::new(self.recorder.clone(), name, module, Some("attention"))
     }
 
     /// Whether activations of `name` are sampled at all. Names the collector would
@@ -119,34 +116,80 @@ impl Agent {
         StepGuard::begin(self.recorder.clone(), step)
     }
 
-    /// Observes an activation of layer `name`. On a step that is not sampled this
-    /// costs one atomic load.
-    pub fn observe(&self, name: &str, activation: &Tensor) {
-        self.observe_kind(name, None, activation)
-    }
-
-    /// [`Agent::observe`] for a layer of a known kind (`attention`, so the profile
-    /// counts its FLOPs).
-    pub fn observe_kind(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
-        if let Some(recorder) = &self.recorder {
-            recorder.observe(name, kind, activation);
-        }
-    }
-
-    /// [`Agent::observe_kind`] for a binding whose own work for this activation (a
-    /// hook's call, converting the tensor) began at `since`: on a sampled step that
-    /// time is the agent's too, and is counted with the sample in the step's
-    /// `overhead_ms` and in the overhead budget. On a step that is not sampled nothing
-    /// is counted, as [`Agent::observe`] costs one atomic load there.
-    pub fn observe_since(
+    /// Observes an activation of layer `name` in host memory (an adapter's view of its
+    /// tensor): on a sampled step its sample is read into a buffer of the agent's and
+    /// handed to the metrics thread. On a step that is not sampled this costs one
+    /// atomic load. `since`: where a binding's own work for this activation (a hook's
+    /// call, reading the tensor) began, so that time is the agent's too.
+    pub fn observe_host(
         &self,
         name: &str,
         kind: Option<&'static str>,
-        activation: &Tensor,
-        since: Instant,
+        activation: &HostActivation<'_>,
+        since: Option<Instant>,
     ) {
         if let Some(recorder) = &self.recorder {
-            recorder.observe_since(name, kind, activation, Some(since));
+            recorder.observe_host(name, kind, activation, since);
+        }
+    }
+
+    /// For an adapter that prepares a sample itself (on a device): whether layer
+    /// `name`, whose output has `shape`, is sampled now, and if so the sample's
+    /// identity (its seed draws the rows), counted as taken. It must then be handed
+    /// over with [`Agent::hand_over`], once, even if it fails. `None` costs one atomic
+    /// load on a step that is not sampled.
+    pub fn begin_sample(
+        &self,
+        name: &str,
+        kind: Option<&'static str>,
+        shape: &[i64],
+    ) -> Option<PendingSample> {
+        self.recorder.as_ref()?.begin_sample(name, kind, shape)
+    }
+
+    /// Hands a sample [`Agent::begin_sample`] took to the metrics thread: what the
+    /// adapter made of it, or why it could not (an `events` row says so, and the
+    /// sample counts as dropped). Callable from any thread.
+    pub fn hand_over(&self, pending: PendingSample, input: Result<JobInput, String>) {
+        if let Some(recorder) = &self.recorder {
+            recorder.hand_over(pending, input);
+        }
+    }
+
+    /// Reads a sample [`Agent::begin_sample`] took of an activation in host memory into
+    /// a reused buffer (on the training thread), for [`Agent::hand_over`]; `None` on an
+    /// inert agent.
+    pub fn read_host(
+        &self,
+        pending: &PendingSample,
+        activation: &HostActivation<'_>,
+    ) -> Option<HostSample> {
+        Some(self.recorder.as_ref()?.read_host(pending, activation))
+    }
+
+    /// Whether an observed activation matters now: on a sampled step, or while the
+    /// model profile's forward pass records shapes. One atomic load or two.
+    pub fn observing(&self) -> bool {
+        self.recorder.as_ref().is_some_and(|r| {
+            r.sampling.load(std::sync::atomic::Ordering::Relaxed)
+                || r.profiling.load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+
+    /// How this rank's samples are made (row cap, centring, conv layout, spectrum).
+    pub fn matrix_options(&self) -> Option<MatrixOptions> {
+        self.recorder.as_ref().map(|r| r.options)
+    }
+
+    /// Sets what reads the accelerator allocator's bytes for every step row (the
+    /// adapter's: torch's counters for the Python package, libtorch's for a tch
+    /// program). Without one the columns are null.
+    pub fn set_device_memory(&self, reader: Box<dyn DeviceMemory>) {
+        if let Some(recorder) = &self.recorder {
+            *recorder
+                .device_memory
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(reader);
         }
     }
 
@@ -271,44 +314,20 @@ impl Agent {
         }
     }
 
-    /// Runs `forward` once (no gradients) to see layer shapes, then sends one `model`
-    /// row per layer. Returns the rows (also for inert agents, so callers can print).
-    pub fn profile_model(
-        &self,
-        vs: &VarStore,
-        optimizer: Optimizer,
-        forward: impl FnOnce(),
-    ) -> Vec<ModelRow> {
-        self.profile_parameters(vs.variables(), optimizer, forward)
-    }
-
-    /// [`Agent::profile_model`] for parameters given by name (`layer.weight`), as a
-    /// PyTorch module's `named_parameters()` lists them.
+    /// Runs `forward` once to see layer shapes (the caller turns gradients off), then
+    /// sends one `model` row per layer of `parameters`. Returns the rows (also for
+    /// inert agents, so callers can print). A sharded parameter (FSDP) has its whole
+    /// shape in [`Parameter::whole_shape`]: `params` and the FLOPs count whole
+    /// parameters, the byte columns this rank's shards.
     pub fn profile_parameters(
         &self,
-        parameters: impl IntoIterator<Item = (String, tch::Tensor)>,
-        optimizer: Optimizer,
-        forward: impl FnOnce(),
-    ) -> Vec<ModelRow> {
-        let parameters = parameters
-            .into_iter()
-            .map(|(path, tensor)| profile::Parameter::whole(path, tensor));
-        profile::record(self.recorder.as_deref(), parameters, optimizer, forward)
-    }
-
-    /// [`Agent::profile_parameters`] for parameters of which this rank may hold a
-    /// shard (FSDP): `params` and the FLOPs count whole parameters, the byte
-    /// columns this rank's shards.
-    pub fn profile_sharded(
-        &self,
-        parameters: impl IntoIterator<Item = profile::Parameter>,
+        parameters: impl IntoIterator<Item = Parameter>,
         optimizer: Optimizer,
         forward: impl FnOnce(),
     ) -> Vec<ModelRow> {
         profile::record(self.recorder.as_deref(), parameters, optimizer, forward)
     }
 }
-
 /// `CLOCK_MONOTONIC` in nanoseconds.
 fn monotonic_ns() -> Option<u64> {
     let mut ts = libc::timespec {

@@ -1,15 +1,11 @@
 //! Memory readings: the process's resident set, and the accelerator allocator's
-//! allocated / reserved / peak bytes (through a small C++ shim over libtorch;
-//! `None` on CPU-only hosts).
+//! allocated / reserved / peak bytes, read by whatever the adapter sets
+//! ([`DeviceMemory`]: the Python package asks torch, a tch program libtorch).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-unsafe extern "C" {
-    fn rankscope_device_stats(device_index: i32, out: *mut i64) -> i32;
-}
 
 /// Allocator bytes of one accelerator device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -19,17 +15,11 @@ pub struct DeviceBytes {
     pub peak: u64,
 }
 
-/// Reads the allocator statistics of `device_index`; `None` without an accelerator.
-pub fn device_bytes(device_index: i32) -> Option<DeviceBytes> {
-    let mut out = [0i64; 3];
-    // SAFETY: the shim writes exactly three i64 into `out` and catches every C++
-    // exception; it returns non-zero when there is no accelerator.
-    let rc = unsafe { rankscope_device_stats(device_index, out.as_mut_ptr()) };
-    (rc == 0).then(|| DeviceBytes {
-        allocated: out[0].max(0) as u64,
-        reserved: out[1].max(0) as u64,
-        peak: out[2].max(0) as u64,
-    })
+/// Reads the accelerator allocator's bytes for a step row (`None`: no accelerator).
+/// Called on the training thread at the end of every step: it must cost microseconds
+/// and never wait for the device.
+pub trait DeviceMemory: Send + std::fmt::Debug {
+    fn read(&self) -> Option<DeviceBytes>;
 }
 
 /// How often the resident set is read again; steps in between reuse the value, so
@@ -95,14 +85,5 @@ mod tests {
     fn rss_is_plausible() {
         let rss = RssReader::default().read().expect("linux has /proc");
         assert!(rss > 1 << 20, "{rss}");
-    }
-
-    #[test]
-    fn device_bytes_degrade_on_cpu() {
-        if !tch::Cuda::is_available() {
-            assert_eq!(device_bytes(0), None);
-        } else {
-            assert!(device_bytes(0).is_some());
-        }
     }
 }

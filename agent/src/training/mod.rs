@@ -5,24 +5,22 @@
 //!   guards and its taps share;
 //! - [`step`]: step and phase timing, the `steps` row;
 //! - [`comm`]: collectives counted by kind, the `comm` rows;
-//! - [`tap`]: [`tap::Tap`], which wraps a tch module so its output is observed;
 //! - [`profile`]: the static model profile, the `model` rows;
-//! - [`memory`]: RSS and the accelerator allocator's bytes, for the `steps` row;
-//! - `sample_buffers`: the reused buffers the recorder copies samples into.
+//! - [`memory`]: RSS, and the accelerator allocator's bytes as the adapter reads
+//!   them, for the `steps` row.
 //!
-//! The training side is the top of the agent: it may import every other part
-//! (config, sampling, the budget, the transport), and none of them imports it.
-//! Within it the handle imports the others; step, tap and profile import only the
-//! recorder (and step comm), and the recorder only comm, memory and sample_buffers.
+//! The training side is the top of the agent's core: it may import every other part
+//! (config, sampling, the budget, the transport), and none of them imports it; only
+//! the adapters (with the `torch` feature, [`crate::torch`]) sit above it. Within it
+//! the handle imports the others; step and profile import only the recorder (and step
+//! comm), and the recorder only comm and memory.
 
 pub mod agent;
 pub mod comm;
 pub mod memory;
 pub mod profile;
-mod recorder;
-mod sample_buffers;
+pub(crate) mod recorder;
 pub mod step;
-pub mod tap;
 
 pub use agent::Agent;
 

@@ -7,9 +7,10 @@
 //! - self-attention: 4 · 2 · B · T · d² (projections) + 2 · 2 · B · T² · d (scores
 //!   and weighted sum)
 //!
-//! Shapes come from one forward pass run under [`crate::Agent::profile_model`]: tapped
-//! layers record their output shape, and parameters are grouped under the tap
-//! whose name prefixes their VarStore path.
+//! Shapes come from one forward pass run under [`crate::Agent::profile_parameters`]:
+//! observed layers record their output shape, and parameters are grouped under the
+//! layer whose name prefixes their path. Parameters come as shapes and sizes
+//! ([`Parameter`]): each adapter reads them from its framework's tensors.
 //!
 //! A sharded parameter (FSDP) counts as a whole in `params` and in the FLOPs, and
 //! as this rank's shard in the byte columns: what the layer is, and what this rank
@@ -45,42 +46,44 @@ impl Optimizer {
 }
 
 /// A parameter as the profile counts it.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Parameter {
     /// Its path, `layer.weight`.
     pub path: String,
-    /// This rank's tensor: the whole parameter, or its shard.
-    pub tensor: tch::Tensor,
-    /// The whole parameter's shape where `tensor` is a shard of it.
+    /// The shape of this rank's tensor: the whole parameter, or its shard.
+    pub shape: Vec<i64>,
+    /// Bytes per element.
+    pub element_bytes: u64,
+    /// Whether it is trained (has a gradient and optimizer state).
+    pub requires_grad: bool,
+    /// The whole parameter's shape where this rank holds a shard of it.
     pub whole_shape: Option<Vec<i64>>,
 }
 
 impl Parameter {
-    /// A parameter this rank holds whole.
-    pub fn whole(path: String, tensor: tch::Tensor) -> Parameter {
-        Parameter {
-            path,
-            tensor,
-            whole_shape: None,
-        }
-    }
-
-    fn shape(&self) -> Vec<i64> {
+    fn layer_shape(&self) -> Vec<i64> {
         self.whole_shape
             .clone()
-            .unwrap_or_else(|| self.tensor.size())
+            .unwrap_or_else(|| self.shape.clone())
     }
 
     fn numel(&self) -> u64 {
-        match &self.whole_shape {
-            Some(shape) => shape.iter().product::<i64>().max(0) as u64,
-            None => self.tensor.numel() as u64,
-        }
+        numel(self.whole_shape.as_deref().unwrap_or(&self.shape))
+    }
+
+    /// This rank's bytes.
+    fn bytes(&self) -> u64 {
+        numel(&self.shape) * self.element_bytes
     }
 }
 
-/// Runs `forward` once (no gradients) with shape recording on, groups `parameters`
-/// into layers, and sends their `model` rows. Without a recorder (an inert agent) it
+fn numel(shape: &[i64]) -> u64 {
+    shape.iter().map(|&d| d.max(0) as u64).product()
+}
+
+/// Runs `forward` once with shape recording on (the caller's forward turns off
+/// gradients, as its framework does), groups `parameters` into layers, and sends
+/// their `model` rows. Without a recorder (an inert agent) it
 /// still returns the rows, from the parameters alone.
 pub(crate) fn record(
     recorder: Option<&Recorder>,
@@ -91,10 +94,7 @@ pub(crate) fn record(
     let shapes = match recorder {
         Some(recorder) => {
             recorder.profiling.store(true, Ordering::Relaxed);
-            {
-                let _guard = tch::no_grad_guard();
-                forward();
-            }
+            forward();
             recorder.profiling.store(false, Ordering::Relaxed);
             std::mem::take(&mut *recorder.shapes.lock().unwrap_or_else(|e| e.into_inner()))
         }
@@ -147,17 +147,17 @@ pub(crate) fn model_rows(
         .map(|layer| {
             let vars = &layers[&layer];
             let params: u64 = vars.iter().map(Parameter::numel).sum();
-            let param_bytes: u64 = vars.iter().map(|p| bytes(&p.tensor)).sum();
+            let param_bytes: u64 = vars.iter().map(Parameter::bytes).sum();
             let grad_bytes: u64 = vars
                 .iter()
-                .filter(|p| p.tensor.requires_grad())
-                .map(|p| bytes(&p.tensor))
+                .filter(|p| p.requires_grad)
+                .map(Parameter::bytes)
                 .sum();
             let shape = shapes.iter().find(|s| s.name == layer);
             let mut weights: Vec<(String, Vec<i64>)> = vars
                 .iter()
                 .filter(|p| p.path.ends_with(".weight") || p.path.ends_with(".ws"))
-                .map(|p| (p.path.clone(), p.shape()))
+                .map(|p| (p.path.clone(), p.layer_shape()))
                 .collect();
             weights.sort();
             let weights: Vec<Vec<i64>> = weights.into_iter().map(|(_, w)| w).collect();
@@ -174,10 +174,6 @@ pub(crate) fn model_rows(
             }
         })
         .collect()
-}
-
-fn bytes(t: &tch::Tensor) -> u64 {
-    t.numel() as u64 * t.kind().elt_size_in_bytes() as u64
 }
 
 /// Every `model.kind` value (docs/columns.md explains each).
@@ -220,13 +216,25 @@ fn classify(shape: Option<&ObservedShape>, weights: &[Vec<i64>]) -> (&'static st
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tch::nn;
+
+    fn parameter(path: &str, shape: &[i64]) -> Parameter {
+        Parameter {
+            path: path.into(),
+            shape: shape.to_vec(),
+            element_bytes: 4,
+            requires_grad: true,
+            whole_shape: None,
+        }
+    }
 
     #[test]
     fn flops_and_bytes_follow_metrics_md() {
-        let vs = nn::VarStore::new(tch::Device::Cpu);
-        let _fc = nn::linear(vs.root() / "fc", 5, 64, Default::default());
-        let _conv = nn::conv2d(vs.root() / "conv", 3, 8, 3, Default::default());
+        let parameters = [
+            parameter("fc.weight", &[64, 5]),
+            parameter("fc.bias", &[64]),
+            parameter("conv.weight", &[8, 3, 3, 3]),
+            parameter("conv.bias", &[8]),
+        ];
         let shapes = vec![
             ObservedShape {
                 name: "fc".into(),
@@ -239,13 +247,7 @@ mod tests {
                 output: vec![4, 8, 30, 30],
             },
         ];
-        let rows = model_rows(
-            vs.variables()
-                .into_iter()
-                .map(|(p, t)| Parameter::whole(p, t)),
-            Optimizer::Adam,
-            &shapes,
-        );
+        let rows = model_rows(parameters, Optimizer::Adam, &shapes);
         let fc = &rows[0];
         assert_eq!((fc.layer.as_str(), fc.kind.as_str()), ("fc", "linear"));
         assert_eq!(fc.params, 5 * 64 + 64);

@@ -1,10 +1,10 @@
 //! [`Recorder`]: the running agent of one active rank, which the handle
-//! ([`crate::Agent`]), its step guards ([`super::step`]) and its taps ([`super::tap`])
-//! share. It starts the transport and the metrics worker, takes samples on the
-//! training thread (copying them into reused buffers, [`super::sample_buffers`]),
-//! counts the agent's time there, and sends the final rows at finish. It imports the
-//! layers below the training side (config, sampling, the budget, the transport), never
-//! the handle, the step guards or the taps.
+//! ([`crate::Agent`]) and its step guards ([`super::step`]) share. It starts the
+//! transport and the metrics worker, takes samples on the training thread (an
+//! adapter's activation read into reused buffers, [`crate::sampling::buffers`], or
+//! what a device reduced it to), counts the agent's time there, and sends the final
+//! rows at finish. It imports the layers below the training side (config, sampling,
+//! the budget, the transport), never the handle or the step guards.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,16 +13,17 @@ use std::time::Instant;
 
 use rankscope_proto::v1::{EventRow, Hello, RankRow, RunRow};
 use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES};
-use tch::Tensor;
 
 use super::comm::{self, CommTally};
-use super::memory::{self, RssReader};
-use super::sample_buffers::SampleBuffers;
+use super::memory::{DeviceBytes, DeviceMemory, RssReader};
 use crate::budget::sampler::Sampler;
 use crate::config::AgentConfig;
 use crate::rows::now_us;
-use crate::sampling::worker::{self, Worker};
-use crate::sampling::{self, ConvLayout, MatrixOptions, Sample, SpectrumOptions};
+use crate::sampling::buffers::SampleBuffers;
+use crate::sampling::worker::{self, JobInput, Worker};
+use crate::sampling::{
+    self, ConvLayout, HostActivation, HostSample, MatrixOptions, SpectrumOptions,
+};
 use crate::transport::report::FinishReport;
 use crate::transport::{Transport, TransportConfig};
 use rankscope_proto::Row;
@@ -37,10 +38,11 @@ pub(crate) struct ObservedShape {
 
 /// Sampled activations waiting for the metrics worker, at most, unless one step
 /// samples more layers: a step is sampled whole, so the queue then holds one step's
-/// samples. Samples stay on the activation's device while queued, so this bounds
-/// the extra device memory to `max(WORKER_QUEUE, layers per step) × max_rows × cols`
-/// elements. (On CPU the copies' buffers are kept for reuse until finish; they are
-/// at most as many as the queue holds, plus one being measured, per layer.)
+/// samples. This bounds the host memory of queued samples to
+/// `max(WORKER_QUEUE, layers per step) × max_rows × cols` float32 values (a device's
+/// reduction: its Gram matrix instead). The copies' buffers are kept for reuse until
+/// finish; they are at most as many as the queue holds, plus one being measured, per
+/// layer.
 pub(super) const WORKER_QUEUE: usize = 16;
 
 #[derive(Debug)]
@@ -63,15 +65,17 @@ pub(crate) struct Recorder {
     /// Collectives completed since a step last took them (the `comm` table).
     pub(crate) comm: CommTally,
     pub(crate) rss: RssReader,
-    pub(crate) device_index: Option<i32>,
+    /// Reads the accelerator allocator's bytes for each step row, where an adapter
+    /// set a reader ([`crate::Agent::set_device_memory`]).
+    pub(crate) device_memory: Mutex<Option<Box<dyn DeviceMemory>>>,
     /// True while [`crate::Agent::profile_model`] runs its forward pass.
     pub(crate) profiling: AtomicBool,
     /// Output shapes recorded while profiling, in forward order.
     pub(crate) shapes: Mutex<Vec<ObservedShape>>,
     /// How the training thread prepares a sample.
-    options: MatrixOptions,
+    pub(crate) options: MatrixOptions,
     /// The buffers the training thread copies samples into.
-    pub(super) buffers: SampleBuffers,
+    pub(super) buffers: Arc<SampleBuffers>,
     /// This rank's identity as sent to the collector; its `ranks` row at finish.
     hello: Hello,
     report: OnceLock<FinishReport>,
@@ -131,15 +135,14 @@ impl Recorder {
             transport.set_up_ns(),
             transport.tick_clocks(),
         );
-        let device_index = tch::Cuda::is_available()
-            .then_some(config.local_rank as i32 % tch::Cuda::device_count().max(1) as i32);
+        let buffers = Arc::new(SampleBuffers::default());
         let (worker, queue) = if config.samples_layers() {
             let w = Worker::start(
                 transport.clone(),
                 config.centered,
                 options.spectrum,
                 sampler.worker.clone(),
-                device_index.and_then(|i| usize::try_from(i).ok()),
+                buffers.clone(),
             )?;
             let queue = w.sender();
             (Some(w), queue)
@@ -158,11 +161,11 @@ impl Recorder {
             overhead_ns: AtomicU64::new(0),
             comm: CommTally::default(),
             rss: RssReader::default(),
-            device_index,
+            device_memory: Mutex::new(None),
             profiling: AtomicBool::new(false),
             shapes: Mutex::new(Vec::new()),
             options,
-            buffers: SampleBuffers::default(),
+            buffers,
             hello,
             report: OnceLock::new(),
         })
@@ -176,7 +179,7 @@ impl Recorder {
 
     /// [`Recorder::add_overhead`] for time spent taking a sample (it teaches the
     /// budget what a sample costs).
-    fn add_sampling_overhead(&self, since: Instant) {
+    pub(crate) fn add_sampling_overhead(&self, since: Instant) {
         self.add_overhead_ns(since.elapsed().as_nanos() as u64, true);
     }
 
@@ -187,37 +190,72 @@ impl Recorder {
         self.sampler.add_training_ns(ns, sampling);
     }
 
-    fn record_shape(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
+    fn record_shape(&self, name: &str, kind: Option<&'static str>, shape: &[i64]) {
         let mut shapes = self.shapes.lock().unwrap_or_else(|e| e.into_inner());
         if !shapes.iter().any(|s| s.name == name) {
             shapes.push(ObservedShape {
                 name: name.to_string(),
                 kind,
-                output: activation.size(),
+                output: shape.to_vec(),
             });
         }
     }
 
-    /// On the training thread: detach, reshape, subsample, copy, hand over. This is
-    /// the only place a sample is prepared; the metrics thread only measures it.
-    fn sample(&self, name: &str, activation: &Tensor) {
-        let _guard = tch::no_grad_guard();
+    /// On the training thread: whether a sample of layer `name` (output `shape`) is
+    /// taken now, and if so its identity, counted as taken. On a step that is not
+    /// sampled this costs one atomic load (and records the shape while profiling).
+    pub(crate) fn begin_sample(
+        &self,
+        name: &str,
+        kind: Option<&'static str>,
+        shape: &[i64],
+    ) -> Option<PendingSample> {
+        if !self.sampling.load(Ordering::Relaxed) {
+            if self.profiling.load(Ordering::Relaxed) {
+                self.record_shape(name, kind, shape);
+            }
+            return None;
+        }
+        if !self.wants_layer(name) {
+            return None;
+        }
+        // The step was admitted whole (`Sampler::decide`): every layer is taken.
         self.sampler.taken();
         let step = self.step.load(Ordering::Relaxed);
-        let seed = sampling::sample_seed(&self.config.run_id, self.config.rank, step, name);
-        // A copy of our own: training may modify its activation in place later.
-        let prepared =
-            sampling::prepare(&activation.detach(), &self.options, seed).and_then(|sample| {
-                Ok(Sample {
-                    matrix: self.buffers.copy(name, &sample.matrix)?,
-                    ..sample
-                })
-            });
-        let Ok(sample) = prepared else {
-            self.sampler.handed(false);
-            return;
+        Some(PendingSample {
+            step,
+            layer: name.to_string(),
+            seed: sampling::sample_seed(&self.config.run_id, self.config.rank, step, name),
+            time: now_us(),
+        })
+    }
+
+    /// Hands a taken sample to the metrics thread, or, where the adapter could not
+    /// read it, counts it as dropped and says why in an `events` row.
+    pub(crate) fn hand_over(&self, pending: PendingSample, input: Result<JobInput, String>) {
+        let input = match input {
+            Ok(input) => input,
+            Err(error) => {
+                self.transport.send(Row::Event(EventRow {
+                    time: pending.time,
+                    kind: crate::rows::event_kind::SAMPLE_UNREADABLE.into(),
+                    message: clean_label(
+                        &format!("layer {}: {error}", pending.layer),
+                        MAX_EVENT_MESSAGE_BYTES,
+                    ),
+                    value: None,
+                    step: Some(pending.step),
+                }));
+                self.sampler.handed(false);
+                return;
+            }
         };
-        let job = worker::Job::new(step, name, sample);
+        let job = worker::Job {
+            step: pending.step,
+            layer: pending.layer,
+            input,
+            time: pending.time,
+        };
         if let Some(held) = self.held.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             held.push(job);
             self.sampler.handed(true);
@@ -228,6 +266,41 @@ impl Recorder {
         // agent refuses.
         let sent = queue.as_ref().is_some_and(|q| q.send(job).is_ok());
         self.sampler.handed(sent);
+    }
+
+    /// Observes an activation in host memory: on a sampled step, reads its sample into
+    /// a reused buffer and hands it over, counting the agent's time from `since` (the
+    /// caller's own work for it began then) or else from here.
+    pub(crate) fn observe_host(
+        &self,
+        name: &str,
+        kind: Option<&'static str>,
+        activation: &HostActivation<'_>,
+        since: Option<Instant>,
+    ) {
+        let started = since.unwrap_or_else(Instant::now);
+        let Some(pending) = self.begin_sample(name, kind, activation.shape()) else {
+            return;
+        };
+        let sample = self.read_host(&pending, activation);
+        self.hand_over(pending, Ok(JobInput::Ready(sample)));
+        self.add_sampling_overhead(started);
+    }
+
+    /// The sample of a taken activation in host memory, read into a reused buffer.
+    pub(crate) fn read_host(
+        &self,
+        pending: &PendingSample,
+        activation: &HostActivation<'_>,
+    ) -> HostSample {
+        let (matrix, conv_layout) = sampling::read_sample(
+            activation,
+            self.options.conv_layout,
+            self.options.max_rows,
+            pending.seed,
+            self.buffers.take(&pending.layer),
+        );
+        HostSample::matrix(matrix, conv_layout, pending.seed)
     }
 
     /// Drops the samples held so far (counted as dropped), for measurements that
@@ -312,7 +385,7 @@ impl Recorder {
         if samples.dropped > 0 {
             rows.push(event(
                 crate::rows::event_kind::SAMPLES_DROPPED,
-                "activation samples taken but not measured: libtorch could not prepare them, or the metrics thread had not measured them when finish stopped waiting".into(),
+                "activation samples taken but not measured: the activation could not be read (sample_unreadable events say why), or the metrics thread had not measured them when finish stopped waiting".into(),
                 samples.dropped,
             ));
         }
@@ -347,47 +420,20 @@ impl Recorder {
     }
 
     /// Reads RSS and allocator bytes for a step row.
-    pub(crate) fn memory(&self) -> (Option<u64>, Option<memory::DeviceBytes>) {
-        (
-            self.rss.read(),
-            self.device_index.and_then(memory::device_bytes),
-        )
+    pub(crate) fn memory(&self) -> (Option<u64>, Option<DeviceBytes>) {
+        let device = self
+            .device_memory
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|reader| reader.read());
+        (self.rss.read(), device)
     }
     /// Whether activations of `name` are sampled at all (see [`crate::Agent::wants_layer`]).
     pub(crate) fn wants_layer(&self, name: &str) -> bool {
         self.config.samples_layers()
             && self.config.layer_filter.matches(name)
             && rankscope_proto::is_valid_label(name)
-    }
-
-    /// Observes an activation (see [`crate::Agent::observe_kind`]). On a step that is not
-    /// sampled this costs one atomic load.
-    pub(crate) fn observe(&self, name: &str, kind: Option<&'static str>, activation: &Tensor) {
-        self.observe_since(name, kind, activation, None);
-    }
-
-    /// [`Recorder::observe`], counting the agent's time on a sampled layer from
-    /// `since` (the caller's own work for it began then) or else from here.
-    pub(crate) fn observe_since(
-        &self,
-        name: &str,
-        kind: Option<&'static str>,
-        activation: &Tensor,
-        since: Option<Instant>,
-    ) {
-        if !self.sampling.load(Ordering::Relaxed) {
-            if self.profiling.load(Ordering::Relaxed) {
-                self.record_shape(name, kind, activation);
-            }
-            return;
-        }
-        if !self.wants_layer(name) {
-            return;
-        }
-        // The step was admitted whole (`Sampler::decide`): every layer is taken.
-        let started = since.unwrap_or_else(Instant::now);
-        self.sample(name, activation);
-        self.add_sampling_overhead(started);
     }
 
     /// Sends an event row (see [`crate::Agent::event`]).
@@ -400,6 +446,18 @@ impl Recorder {
             step: Some(self.step.load(Ordering::Relaxed)),
         }));
     }
+}
+
+/// A sample taken on the training thread and not yet handed over: what the adapter
+/// needs to make it (the seed its rows are drawn with) and what its row says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingSample {
+    pub step: u64,
+    pub layer: String,
+    /// The sampling seed of (run, rank, step, layer) ([`sampling::sample_seed`]).
+    pub seed: u64,
+    /// When it was taken.
+    pub time: i64,
 }
 
 /// `text` with control characters replaced and cut to `max` bytes.

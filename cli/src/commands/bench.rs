@@ -593,7 +593,6 @@ fn spectrum(args: &Args) -> anyhow::Result<()> {
             sampling::SKETCH_MIN_SIDE
         );
     }
-    rankscope_agent::sampling::threads::limit_this_thread(1);
     let rounds = args.rounds.max(1);
     println!(
         "{} kinds of spectra, {rounds} interleaved rounds of each run per kind, median CPU time of this thread\n",

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use rankscope_agent::config::{DEFAULT_SKETCH_THRESHOLD, SpectrumMode};
-use rankscope_agent::sampling::{self, ConvLayout, MatrixOptions, SpectrumOptions};
+use rankscope_agent::sampling::{ConvLayout, MatrixOptions, SpectrumOptions};
 
 /// Compute the dimensionality metrics of a .npy file.
 #[derive(clap::Args, Clone, Debug)]
@@ -60,7 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             sketch_threshold: args.sketch_threshold,
         },
     };
-    let m = sampling::compute(&tensor, &options, 0);
+    let m = rankscope_agent::torch::compute(&tensor, &options, 0);
     let fields: Vec<(&str, serde_json::Value)> = vec![
         ("file", args.file.display().to_string().into()),
         ("shape", tensor.size().into()),

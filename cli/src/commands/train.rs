@@ -87,7 +87,9 @@ pub fn agent(args: &Args) -> anyhow::Result<Agent> {
     if args.disable_on_config_error {
         builder = builder.on_config_error(OnConfigError::Disable);
     }
-    Agent::from_builder(builder).context("rankscope agent configuration is wrong")
+    let agent = Agent::from_builder(builder).context("rankscope agent configuration is wrong")?;
+    agent.use_libtorch_memory();
+    Ok(agent)
 }
 
 fn device(spec: &str, local_rank: u32) -> anyhow::Result<Device> {

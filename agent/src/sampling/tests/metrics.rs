@@ -2,10 +2,11 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::sampling::measure::{LayerMetrics, compute};
+use crate::sampling::measure::LayerMetrics;
 use crate::sampling::options::{ConvLayout, MatrixOptions, Method, SpectrumMode, SpectrumOptions};
-use crate::sampling::prepare::{choose_rows, sample_rows, sample_seed, to_matrix};
+use crate::sampling::prepare::{choose_rows, sample_seed};
 use crate::sampling::spectral::{self, Spectral, SplitMix64, spectral};
+use crate::torch::{compute, device_sample};
 
 const REL_TOL: f64 = 1e-5;
 
@@ -404,17 +405,24 @@ fn row_cap_samples_reproducibly() {
 }
 
 #[test]
-fn sample_rows_picks_distinct_rows_in_order() {
+fn device_samples_pick_the_rows_the_host_reads() {
+    // The tch adapter's device path (here on the CPU) draws the same rows, in order,
+    // as the core's host read.
     let n = 1000;
-    let x = Tensor::arange(n, (Kind::Int64, Device::Cpu)).unsqueeze(1);
-    let picked = Vec::<i64>::try_from(&sample_rows(&x, 100, 7).unwrap().squeeze_dim(1)).unwrap();
-    assert_eq!(picked.len(), 100);
+    let x = Tensor::arange(n, (Kind::Float, Device::Cpu)).unsqueeze(1);
+    let (picked, _) = device_sample(&x, ConvLayout::Channelwise, 100, 7).unwrap();
+    let picked = Vec::<f32>::try_from(&picked.squeeze_dim(1)).unwrap();
+    let expected: Vec<f32> = choose_rows(n as u64, 100, 7)
+        .iter()
+        .map(|&r| r as f32)
+        .collect();
+    assert_eq!(picked, expected);
     assert!(
         picked.windows(2).all(|w| w[0] < w[1]),
         "sorted and distinct"
     );
-    assert!(picked.iter().all(|&i| (0..n).contains(&i)));
-    assert_eq!(sample_rows(&x, 1000, 7).unwrap().size(), [1000, 1]);
+    let (all, _) = device_sample(&x, ConvLayout::Channelwise, 1000, 7).unwrap();
+    assert_eq!(all.size(), [1000, 1]);
 }
 
 #[test]
@@ -492,7 +500,7 @@ fn spectral_edge_cases() {
 #[test]
 fn matrix_shapes_and_layout_labels() {
     let shape = |t: &Tensor, layout| {
-        let (m, label) = to_matrix(t, layout).unwrap();
+        let (m, label) = device_sample(t, layout, 0, 0).unwrap();
         (m.size(), label)
     };
     let zeros = |s: &[i64]| Tensor::zeros(s, (Kind::Float, Device::Cpu));

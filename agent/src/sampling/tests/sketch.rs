@@ -3,14 +3,14 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::sampling::measure::{LayerMetrics, compute, measure_with};
+use crate::sampling::measure::{LayerMetrics, measure_with};
 use crate::sampling::options::{
     ConvLayout, MatrixOptions, SketchPolicy, SpectrumMode, SpectrumOptions, Unvouched,
 };
-use crate::sampling::prepare::Sample;
 use crate::sampling::sketch::SKETCH_BOUNDS;
 use crate::sampling::spectra::{SpectrumKind, oracle_family};
 use crate::sampling::spectral::{Spectral, spectral};
+use crate::torch::{compute, host_sample};
 
 fn with_spectrum(mode: SpectrumMode) -> MatrixOptions {
     MatrixOptions {
@@ -267,13 +267,9 @@ fn every_sketched_value_carries_its_error_estimate() {
     assert_eq!(agent.errors, Default::default());
     let exact = compute(&steep, &with_spectrum(SpectrumMode::Exact), 5);
     assert_eq!(agent.spectral, exact.spectral);
-    let sample = Sample {
-        matrix: steep,
-        conv_layout: "",
-        seed: 5,
-    };
+    let mut sample = host_sample(&steep, 5).unwrap();
     let marked = measure_with(
-        &sample,
+        &mut sample,
         false,
         &opts.spectrum,
         &SketchPolicy {

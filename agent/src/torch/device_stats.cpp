@@ -1,11 +1,9 @@
-// The C++ the training side needs and tch does not bind: libtorch's accelerator
-// allocator statistics (memory.rs), and whether a tensor is referenced only once
-// (sample_buffers.rs). Neither throws.
+// The C++ the tch adapter needs and tch does not bind: libtorch's accelerator
+// allocator statistics (torch/mod.rs, LibtorchMemory). It does not throw.
 #include <ATen/DeviceAccelerator.h>
 // libtorch's headers use C++20 bit-field initializers; this file is built as C++17.
 #pragma GCC diagnostic ignored "-Wc++20-extensions"
 #include <ATen/core/Tensor.h>
-#include <atomic>
 #include <cstdint>
 
 // Returns 0 and fills `out` (allocated, reserved, peak allocated bytes) on success,
@@ -26,19 +24,4 @@ extern "C" int rankscope_device_stats(int device_index, int64_t *out) {
   } catch (...) {
     return -1;
   }
-}
-
-// 1 when `t` is the only reference to its tensor and to its storage (a buffer the
-// metrics thread has let go of), else 0. libtorch drops a reference with a release
-// decrement, so the acquire fence after a count of 1 orders every read the other
-// holder made of the buffer before the caller's next write to it.
-extern "C" int rankscope_tensor_unshared(const at::Tensor *t) {
-  if (t == nullptr || !t->defined() || t->use_count() != 1) {
-    return 0;
-  }
-  if (t->has_storage() && t->storage().use_count() != 1) {
-    return 0;
-  }
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return 1;
 }

@@ -4,15 +4,12 @@
 use tch::Tensor;
 use tch::nn::Module;
 
-use std::sync::Arc;
-
-use super::recorder::Recorder;
+use crate::Agent;
 
 /// A module whose output is observed under `name`.
 #[derive(Debug)]
 pub struct Tap<M> {
-    /// `None` for an inert agent.
-    recorder: Option<Arc<Recorder>>,
+    agent: Agent,
     name: String,
     inner: M,
     /// A hint for the model profile (`attention`), else `None`.
@@ -20,13 +17,8 @@ pub struct Tap<M> {
 }
 
 impl<M: Module> Tap<M> {
-    pub(crate) fn new(
-        recorder: Option<Arc<Recorder>>,
-        name: &str,
-        inner: M,
-        kind: Option<&'static str>,
-    ) -> Tap<M> {
-        if recorder.is_some() && !rankscope_proto::is_valid_label(name) {
+    pub(crate) fn new(agent: Agent, name: &str, inner: M, kind: Option<&'static str>) -> Tap<M> {
+        if agent.is_active() && !rankscope_proto::is_valid_label(name) {
             tracing::warn!(
                 name = %name.escape_debug(),
                 max_bytes = rankscope_proto::MAX_LABEL_BYTES,
@@ -36,7 +28,7 @@ impl<M: Module> Tap<M> {
         // The layer filter is applied on sampled steps (Recorder::wants_layer); shapes
         // for the model profile are recorded for every tapped layer.
         Tap {
-            recorder,
+            agent,
             name: name.to_string(),
             inner,
             kind,
@@ -55,9 +47,7 @@ impl<M: Module> Tap<M> {
 impl<M: Module> Module for Tap<M> {
     fn forward(&self, xs: &Tensor) -> Tensor {
         let ys = self.inner.forward(xs);
-        if let Some(recorder) = &self.recorder {
-            recorder.observe(&self.name, self.kind, &ys);
-        }
+        self.agent.observe_kind(&self.name, self.kind, &ys);
         ys
     }
 }

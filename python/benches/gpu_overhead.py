@@ -1,0 +1,187 @@
+"""The agent's cost on a GPU, as the user feels it: wall time per step of a GPT
+(d 1024, 8 blocks, sequence 512, batch 16, bf16 autocast, fused AdamW; 52 watched
+layers) in five arms, each its own process, interleaved over rounds so drifts of the
+machine hit every arm alike:
+
+- ``none``: no agent;
+- ``steps``: ``mode="steps"`` (timing, memory, no layer sampling);
+- ``full@10``: every 10th step sampled, budget 100 % (every planned sample taken);
+- ``full@1``: every step sampled, budget 100 %;
+- ``default``: every 10th step at the default budget (2 %).
+
+A step's time is wall time over a window of steps with one CUDA synchronize at each
+end of the window (never inside it). It prints each arm's median step time, its
+ratio to ``none``, and the share of planned samples that were measured (layers rows
+over planned ones, from the agent's own counters). With ``--profile`` the
+``full@10`` arm also runs 20 steps under ``torch.profiler`` and counts the
+``cudaStreamSynchronize``/``cudaDeviceSynchronize`` calls of the agent's threads
+against the training thread's.
+
+    python python/benches/gpu_overhead.py [--rounds 3] [--steps 200] [--profile]
+
+Needs one CUDA GPU; no collector (rows wait in the agent's spill, which is
+removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ARMS = {
+    "none": None,
+    "steps": {"mode": "steps"},
+    "full@10": {"sample_every": 10, "overhead_budget": 1.0},
+    "full@1": {"sample_every": 1, "overhead_budget": 1.0},
+    "default": {"sample_every": 10},
+}
+
+
+def child(arm: str, steps: int, warmup: int, profile: bool) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    d, blocks, heads, seq, batch, vocab = 1024, 8, 16, 512, 16, 8192
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1 = nn.LayerNorm(d)
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+            self.ln2 = nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+            q, k, v = (z.view(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            self.blocks = nn.Sequential(*[Block() for _ in range(blocks)])
+            self.ln = nn.LayerNorm(d)
+            self.head = nn.Linear(d, vocab)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.ln(self.blocks(self.embed(x))))
+
+    model = GPT().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    data = torch.randint(0, vocab, (batch, seq + 1), device=device)
+    agent = None
+    spill = tempfile.mkdtemp(prefix="rankscope-gpu-bench-")
+    if ARMS[arm] is not None:
+        import rankscope
+
+        os.environ["RANKSCOPE_SPILL_DIR"] = spill
+        agent = rankscope.init(collector="127.0.0.1:9", run_id=f"gpu-{arm}", **ARMS[arm])
+        agent.watch(model)
+
+    def one(i: int) -> None:
+        x, y = data[:, :-1], data[:, 1:]
+        ctx = agent.step(i) if agent is not None else None
+        if ctx is not None:
+            ctx.__enter__()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if ctx is not None:
+            ctx.record(loss=loss.detach())
+            ctx.__exit__(None, None, None)
+
+    for i in range(warmup):
+        one(i)
+    torch.cuda.synchronize()
+    windows = []
+    window = 20
+    i = warmup
+    while i < warmup + steps:
+        started = time.perf_counter()
+        for _ in range(window):
+            one(i)
+            i += 1
+        torch.cuda.synchronize()
+        windows.append((time.perf_counter() - started) * 1e3 / window)
+    result = {"arm": arm, "step_ms": statistics.median(windows)}
+    if profile and agent is not None:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                one(i)
+                i += 1
+            torch.cuda.synchronize()
+        syncs = [e for e in prof.events() if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize")]
+        main = {e.thread for e in prof.events() if e.name.startswith("aten::")}
+        result["syncs_total"] = len(syncs)
+        result["syncs_other_threads"] = sum(1 for e in syncs if e.thread not in main)
+    if agent is not None:
+        taken, dropped, skipped = agent.samples()
+        agent.finish()
+        planned_steps = len(range(0, i, ARMS[arm].get("sample_every", 10))) if arm != "steps" else 0
+        layers = len(agent._watched)
+        result.update(taken=taken, dropped=dropped, skipped=skipped, planned=planned_steps * layers)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.steps, args.warmup, args.profile)))
+        return
+    arms = args.arms.split(",")
+    results: dict = {arm: [] for arm in arms}
+    for r in range(args.rounds):
+        for arm in arms:
+            cmd = [sys.executable, __file__, "--child", arm, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            if args.profile and arm == "full@10" and r == 0:
+                cmd.append("--profile")
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            results[arm].append(json.loads(out.strip().splitlines()[-1]))
+            print(f"round {r + 1} {arm}: {results[arm][-1]}", file=sys.stderr)
+    base = statistics.median(x["step_ms"] for x in results["none"]) if "none" in results else None
+    print(f"| arm | step ms (median of {args.rounds}) | vs none | planned samples measured |")
+    print("|---|---|---|---|")
+    for arm in arms:
+        ms = statistics.median(x["step_ms"] for x in results[arm])
+        ratio = f"{ms / base:.3f}" if base else "-"
+        last = results[arm][-1]
+        share = (
+            f"{(last['taken'] - last['dropped']) / last['planned']:.0%} ({last['taken'] - last['dropped']} of {last['planned']})"
+            if last.get("planned")
+            else "-"
+        )
+        print(f"| {arm} | {ms:.2f} | {ratio} | {share} |")
+    for arm in arms:
+        for x in results[arm]:
+            if "syncs_total" in x:
+                print(f"profiled window ({arm}): {x['syncs_total']} synchronize calls, {x['syncs_other_threads']} off the training thread")
+
+
+if __name__ == "__main__":
+    main()

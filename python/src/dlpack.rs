@@ -1,0 +1,135 @@
+//! Tensors crossing from Python into Rust through DLPack (dlpark): the versioned
+//! capsule where torch has it, the legacy one otherwise. The extension links no
+//! libtorch: what it reads is a host buffer with its element type, shape and strides.
+//!
+//! - [`read_host`]: an activation in host memory, viewed as the core's
+//!   [`HostActivation`] while its capsule is held;
+//! - [`PinnedGram`]: a device's reduction of a sample (the Gram matrix, in pinned host
+//!   memory), held until the metrics thread has measured it, and counted against the
+//!   pinned-memory pool's bound while held.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dlpark::ffi::{DLDataTypeCode, DLDeviceType};
+use dlpark::python::{ImportedDlpack, from_dlpack};
+use pyo3::prelude::*;
+use rankscope_agent::sampling::{ElementType, F32Buffer, HostActivation, SampleError};
+
+/// DLPack's device type for CUDA-pinned host memory (`kDLCUDAHost`).
+const CUDA_HOST: DLDeviceType = DLDeviceType(3);
+
+/// The DLPack export of `tensor` (detached first: a tensor that requires grad is
+/// refused by its producer), or why there is none.
+pub(crate) fn import(tensor: &Bound<'_, PyAny>) -> Result<ImportedDlpack, String> {
+    let detached = tensor
+        .call_method0("detach")
+        .map_err(|e| format!("cannot detach it: {e}"))?;
+    from_dlpack(detached.as_borrowed(), None, None).map_err(|e| e.to_string())
+}
+
+/// Calls `f` with the host view of an imported tensor; an error for what the core cannot
+/// read (its element type, a device, vector lanes).
+pub(crate) fn read_host<T>(
+    imported: &ImportedDlpack,
+    f: impl FnOnce(&HostActivation<'_>) -> T,
+) -> Result<T, SampleError> {
+    let tensor = imported
+        .validate()
+        .map_err(|e| SampleError::Layout(e.to_string()))?;
+    let device = tensor.device();
+    if device.device_type != DLDeviceType::CPU && device.device_type != CUDA_HOST {
+        return Err(SampleError::Device(format!(
+            "DLPack device type {} (index {})",
+            device.device_type.0, device.device_id
+        )));
+    }
+    let dtype = tensor.dtype();
+    let element = match (dtype.code, dtype.bits, dtype.lanes) {
+        (DLDataTypeCode::FLOAT, 32, 1) => ElementType::F32,
+        (DLDataTypeCode::FLOAT, 64, 1) => ElementType::F64,
+        (DLDataTypeCode::FLOAT, 16, 1) => ElementType::F16,
+        (DLDataTypeCode::BFLOAT, 16, 1) => ElementType::BF16,
+        (code, bits, lanes) => {
+            return Err(SampleError::ElementType(format!(
+                "DLPack code {} of {bits} bits ({lanes} lanes)",
+                code.0
+            )));
+        }
+    };
+    let strides = tensor
+        .strides_or_compact()
+        .map_err(|e| SampleError::Layout(e.to_string()))?;
+    let offset = usize::try_from(tensor.byte_offset())
+        .map_err(|_| SampleError::Layout("byte offset beyond the address space".into()))?;
+    let data = (tensor.data_ptr() as *const u8).wrapping_add(offset);
+    // SAFETY: a valid DLPack tensor's data (at its byte offset) holds every element its
+    // shape and strides address, and the capsule's owner keeps it alive while
+    // `imported` lives, which outlives this call.
+    let activation = unsafe { HostActivation::new(data, element, tensor.shape(), &strides) }?;
+    Ok(f(&activation))
+}
+
+/// A device's Gram matrix in pinned host memory: float32, held through its DLPack
+/// capsule until the sample is measured. Its bytes count in `held` meanwhile.
+pub(crate) struct PinnedGram {
+    imported: ImportedDlpack,
+    len: usize,
+    bytes: u64,
+    held: Arc<AtomicU64>,
+}
+
+impl PinnedGram {
+    /// The `side × side` float32 Gram matrix of `tensor` (contiguous), counted in `held`.
+    pub(crate) fn new(
+        tensor: &Bound<'_, PyAny>,
+        side: usize,
+        held: Arc<AtomicU64>,
+    ) -> Result<PinnedGram, String> {
+        let imported = import(tensor)?;
+        {
+            let t = imported.validate().map_err(|e| e.to_string())?;
+            let dtype = t.dtype();
+            let compact = t.is_compact().unwrap_or(false);
+            let device = t.device().device_type;
+            if (dtype.code, dtype.bits, dtype.lanes) != (DLDataTypeCode::FLOAT, 32, 1)
+                || t.shape() != [side as i64, side as i64]
+                || !compact
+                || t.byte_offset() != 0
+                || (device != DLDeviceType::CPU && device != CUDA_HOST)
+            {
+                return Err(format!(
+                    "the device side's Gram matrix is not a contiguous {side} × {side} float32 host tensor (shape {:?})",
+                    t.shape()
+                ));
+            }
+        }
+        let bytes = (side * side * 4) as u64;
+        held.fetch_add(bytes, Ordering::Relaxed);
+        Ok(PinnedGram {
+            imported,
+            len: side * side,
+            bytes,
+            held,
+        })
+    }
+}
+
+impl F32Buffer for PinnedGram {
+    fn values(&self) -> &[f32] {
+        match self.imported.validate() {
+            // SAFETY: `new` checked a contiguous float32 tensor of `len` elements at
+            // offset 0, which the capsule's owner keeps alive while `imported` lives.
+            Ok(t) if self.len > 0 => unsafe {
+                std::slice::from_raw_parts(t.data_ptr() as *const f32, self.len)
+            },
+            _ => &[],
+        }
+    }
+}
+
+impl Drop for PinnedGram {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
