@@ -165,6 +165,7 @@ bench: setup ## overhead and collector benchmarks, printed and saved to bench-la
 	cargo run --release -p rankscope -- bench collector --collector-bin target/release/rankscope-collector | tee -a bench-latest.md
 	$(VENV)/bin/python python/benches/ddp_ab.py | tee -a bench-latest.md
 	$(VENV)/bin/python python/benches/fsdp_ab.py | tee -a bench-latest.md
+	$(VENV)/bin/python python/benches/integrations_ab.py | tee -a bench-latest.md
 
 bench-sharding: ## throughput of 1 vs 2 collectors (see BENCHMARKS.md)
 	cargo build --release -p rankscope --no-default-features --features delta
