@@ -341,6 +341,13 @@ def test_the_quick_start_runs_as_written(collector, tmp_path):
     assert duckdb(f"select count(loss), sum(samples) from {table(out, 'steps')}") == f"{world * steps},{world * steps * 64}"
 
 
+def test_the_readme_shows_the_quick_start_that_runs():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1]
+    shown = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert shown == (EXAMPLES / "train.py").read_text()
+
+
 def test_rankscope_demo_script_runs_the_quick_start(tmp_path):
     # The command a newcomer runs first: an embedded collector, 2 ranks of the quick
     # start under torchrun, then the summary and the report.
