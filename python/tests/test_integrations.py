@@ -341,10 +341,10 @@ def test_the_quick_start_runs_as_written(collector, tmp_path):
     assert duckdb(f"select count(loss), sum(samples) from {table(out, 'steps')}") == f"{world * steps},{world * steps * 64}"
 
 
-def test_the_readme_shows_the_quick_start_that_runs():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Quick start", 1)[1]
-    shown = section.split("```python\n", 1)[1].split("```", 1)[0]
+@pytest.mark.parametrize("page, section", [("README.md", "## Quick start"), ("docs/python.md", "## A training script")])
+def test_the_docs_show_the_quick_start_that_runs(page, section):
+    text = (Path(__file__).resolve().parents[2] / page).read_text()
+    shown = text.split(section, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert shown == (EXAMPLES / "train.py").read_text()
 
 
