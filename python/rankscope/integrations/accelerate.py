@@ -62,7 +62,7 @@ def watch(agent: Any, model: torch.nn.Module, *, comm: bool = True) -> List[str]
         # A compiled DDP model: the agent warns that compiled layers are not
         # watched; the all-reduce runs outside the graph and is timed.
         names = agent.watch(model, comm=False)
-        if comm:
+        if comm and agent.active:
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
             ddp.register_comm_hook(None, agent.wrap_comm_hook(allreduce_hook))

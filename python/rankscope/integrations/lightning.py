@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any, Optional
 
 try:
@@ -73,23 +74,33 @@ class RankscopeCallback(pl.Callback):
             return
         # The strategy's view of this process, as torchrun would set it: Lightning's
         # own launcher sets WORLD_SIZE, LOCAL_RANK and NODE_RANK, not RANK.
-        set_rank_variables(
-            "the Lightning strategy",
-            RANK=trainer.global_rank,
-            WORLD_SIZE=trainer.world_size,
-            LOCAL_RANK=trainer.local_rank,
-            LOCAL_WORLD_SIZE=trainer.num_devices,
-            GROUP_RANK=trainer.node_rank,
-        )
+        try:
+            set_rank_variables(
+                "the Lightning strategy",
+                RANK=trainer.global_rank,
+                WORLD_SIZE=trainer.world_size,
+                LOCAL_RANK=trainer.local_rank,
+                LOCAL_WORLD_SIZE=trainer.num_devices,
+                GROUP_RANK=trainer.node_rank,
+            )
+        except rankscope.ConfigError as error:
+            if os.environ.get("RANKSCOPE_ON_CONFIG_ERROR", "").strip().lower() != "disable":
+                raise
+            warnings.warn(
+                f"rankscope disabled by RANKSCOPE_ON_CONFIG_ERROR=disable: {error}", RuntimeWarning, stacklevel=2
+            )
+            self._agent = rankscope.InertAgent()
+            return
         keywords = dict(self._init_keywords)
         if keywords.get("run_id") is None and not _launcher_run_id() and trainer.world_size > 1:
             made = f"lightning-{int(time.time())}-{int(time.time() * 1000) % 1000}"
             keywords["run_id"] = trainer.strategy.broadcast(made, src=0)
         self._agent = rankscope.init(**keywords)
-        self._steps = EventStep(self._agent)
+        if self._agent.active:
+            self._steps = EventStep(self._agent)
 
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        if self._agent is None:
+        if self._agent is None or not self._agent.active:
             return
         # Layers by their paths in the LightningModule (the strategy's wrappers add
         # a prefix); the all-reduce on the DDP model the strategy built.
@@ -101,8 +112,6 @@ class RankscopeCallback(pl.Callback):
             try:
                 ddp.register_comm_hook(None, self._agent.wrap_comm_hook(allreduce_hook))
             except RuntimeError as error:
-                import warnings
-
                 warnings.warn(
                     f"rankscope cannot time the all-reduce ({error}), as the strategy has a "
                     "communication hook: steps.comm_ms is not recorded; pass "

@@ -84,6 +84,8 @@ class RankscopeCallback(TrainerCallback):
         if self._agent is None or (self._owns_agent and self._finished):
             self._agent = rankscope.init(**self._init_keywords)
             self._finished = False
+        if not self._agent.active:
+            return  # mode off, or rank0 mode on another rank: nothing to record here
         self._steps = EventStep(self._agent)
         self._comm_checked = False
         if model is not None:
