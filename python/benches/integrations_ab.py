@@ -33,6 +33,16 @@ FRAMEWORKS = ["transformers", "lightning", "accelerate"]
 CONFIGS = [("bare", False), ("bare again (noise floor)", False), ("rankscope", True)]
 
 
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def start_collector(out: Path) -> tuple:
     proc = subprocess.Popen(
         [sys.executable, "-m", "rankscope", "collector", "--listen", "127.0.0.1:0", "--out", str(out)],
@@ -94,8 +104,8 @@ def main() -> None:
         collector.wait(timeout=60)
         shutil.rmtree(tmp, ignore_errors=True)
     print(
-        f"\nIntegrations: tiny GPT-2 ({2} layers, d = 64, sequence 32, batch 8 per rank), 2 DDP ranks on "
-        f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), gloo, 1 intra-op thread per "
+        f"\nIntegrations: tiny GPT-2 (2 layers, d = 64, sequence 32, batch 8 per rank), 2 DDP ranks on "
+        f"{os.cpu_count()} cores ({cpu_name()}), gloo, 1 intra-op thread per "
         f"rank, {args.steps} steps per run, {args.rounds} interleaved rounds; median over rounds of the "
         f"median step time\n"
     )
