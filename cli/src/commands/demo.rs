@@ -174,12 +174,11 @@ fn run_torchrun(
         "launching {} PyTorch DDP ranks of {what} under torchrun (run {run_id})",
         args.nproc_per_node
     );
-    let steps = match (&args.script, args.steps) {
-        (_, Some(steps)) => Some(steps),
-        (None, None) => Some(EXAMPLE_STEPS),
-        (Some(_), None) => None,
-    };
-    if let Some(steps) = steps {
+    // A script of the user's gets `--steps` only when asked: it may take no arguments.
+    if let Some(steps) = args
+        .steps
+        .or(args.script.is_none().then_some(EXAMPLE_STEPS))
+    {
         command.args(["--steps", &steps.to_string()]);
     }
     command
