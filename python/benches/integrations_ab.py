@@ -10,7 +10,7 @@ run in interleaved rounds with a rotating order, each in processes of its own;
 each run times its optimizer steps at their end after a warm-up, and the figure
 is the median over rounds of the median step time, as a ratio to bare.
 
-    python python/benches/integrations_ab.py --rounds 3 --steps 60
+    python python/benches/integrations_ab.py --rounds 5 --steps 60
 """
 
 from __future__ import annotations
