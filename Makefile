@@ -32,8 +32,13 @@ DELTALAKE_PY_VERSION := 1.6.6
 # read with this DuckDB, installed beside the main one (docs/past-one-machine.md).
 DUCKDB_DELTA_VERSION := 1.5.5
 DELTA_READERS := $(VENV)/delta-readers
+# The frameworks of rankscope.integrations, for their tests (python/tests/test_integrations.py)
+# and python/benches/integrations_ab.py; the package itself requires none of them.
+TRANSFORMERS_VERSION := 5.24.0
+LIGHTNING_VERSION := 2.6.6
+ACCELERATE_VERSION := 1.15.0
 PYTHON ?= python3
-STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)-$(NUMPY_VERSION)-$(MOTO_VERSION)-$(DELTALAKE_PY_VERSION)
+STAMP := $(VENV)/.rankscope-$(TORCH_VERSION)-$(DUCKDB_VERSION)-$(MATURIN_VERSION)-$(PYTEST_VERSION)-$(NUMPY_VERSION)-$(MOTO_VERSION)-$(DELTALAKE_PY_VERSION)-$(TRANSFORMERS_VERSION)-$(LIGHTNING_VERSION)-$(ACCELERATE_VERSION)
 # The wheel's `rankscope` command (a native binary, no libtorch) goes here before
 # maturin packs it (python/pyproject.toml: tool.maturin.data).
 WHEEL_DATA := python/wheel-data
@@ -61,7 +66,8 @@ $(STAMP):
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check \
 	  torch==$(TORCH_VERSION) duckdb-cli==$(DUCKDB_VERSION) maturin==$(MATURIN_VERSION) pytest==$(PYTEST_VERSION) \
 	  numpy==$(NUMPY_VERSION) "moto[server]==$(MOTO_VERSION)" \
-	  deltalake==$(DELTALAKE_PY_VERSION)
+	  deltalake==$(DELTALAKE_PY_VERSION) transformers==$(TRANSFORMERS_VERSION) lightning==$(LIGHTNING_VERSION) \
+	  accelerate==$(ACCELERATE_VERSION)
 	@# A fixed path to libtorch, whatever the python version (see .cargo/config.toml).
 	ln -sfn "$$($(VENV)/bin/python -W ignore -c 'import os, torch; print(os.path.dirname(torch.__file__))')" $(VENV)/libtorch
 	@touch $@
@@ -196,6 +202,7 @@ bench: setup ## overhead and collector benchmarks, printed and saved to bench-la
 	cargo run --release -p rankscope -- bench collector --collector-bin target/release/rankscope-collector | tee -a bench-latest.md
 	$(VENV)/bin/python python/benches/ddp_ab.py | tee -a bench-latest.md
 	$(VENV)/bin/python python/benches/fsdp_ab.py | tee -a bench-latest.md
+	$(VENV)/bin/python python/benches/integrations_ab.py | tee -a bench-latest.md
 
 bench-sharding: ## throughput of 1 vs 2 collectors (see BENCHMARKS.md)
 	cargo build --release -p rankscope --no-default-features --features delta

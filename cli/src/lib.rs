@@ -42,6 +42,7 @@ use commands::{collector, compare, demo, jumps, launch, loadgen, replay, report,
     about = "Dimensionality, timing and memory telemetry for distributed training",
     after_help = "Examples:
   rankscope demo                                  # 4 PyTorch DDP ranks, embedded collector, summary
+  rankscope demo --script train.py                # the same for your script (the README's quick start)
   rankscope collector --out ./rankscope-out       # the central collector
   rankscope collector --http 127.0.0.1:9464       # ... with its live view, then:
   rankscope top --collector 127.0.0.1:9464        # every rank live in the terminal

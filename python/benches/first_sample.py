@@ -1,6 +1,6 @@
 """What the first activation sample of a run costs against a later one, and what a
 short run gets from the overhead budget (``make bench`` runs it from ``ddp_ab.py``;
-BENCHMARKS.md, "The first sample of a run").
+BENCHMARKS.md, "Agent overhead (Rust)", short runs).
 
 The metrics thread warms up at ``init`` (it prepares and measures a small synthetic
 sample, so libtorch's one-time set-up is paid then, off the training thread), and that

@@ -1,6 +1,6 @@
 """``python -m rankscope COMMAND``: the ``rankscope`` command that pip installed with
 this package. The command is a native binary (collector, summary, report,
-compare, jumps, replay, loadgen, launch, demo); this module finds it and runs it
+compare, compact, jumps, top, replay, loadgen, launch, demo); this module finds it and runs it
 in this process's place, so signals and exit codes are the command's own.
 
 Examples::

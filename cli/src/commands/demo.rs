@@ -15,7 +15,8 @@ use crate::commands::launch;
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = "Examples:
   rankscope demo --steps 100                          # the package's PyTorch DDP example
-  rankscope demo --script my_train.py --steps 100     # your script (it gets --steps)
+  rankscope demo --script train.py                    # your script (the README's quick start)
+  rankscope demo --script train.py --steps 50         # ... passed --steps 50
   rankscope demo --rust --model transformer --nproc-per-node 2   # Rust tch ranks")]
 pub struct Args {
     /// Output directory of the embedded collector.
@@ -27,12 +28,15 @@ pub struct Args {
     /// With `--rust`: mlp, cnn or transformer.
     #[arg(long, default_value = "mlp", requires = "rust")]
     pub model: String,
-    #[arg(long, default_value_t = 300)]
-    pub steps: u64,
+    /// Steps to train: the package's example trains 300 unless told; a script
+    /// gets `--steps N` only when it is given here.
+    #[arg(long)]
+    pub steps: Option<u64>,
     #[arg(long, default_value_t = 10)]
     pub sample_every: u64,
     /// A PyTorch training script to run under `torchrun --standalone` instead of
-    /// the package's example (it gets `--steps`; rankscope reads its variables).
+    /// the package's example: it calls `rankscope.init()`, which reads the
+    /// collector's address and the run id that the demo sets.
     #[arg(long, conflicts_with = "rust")]
     pub script: Option<PathBuf>,
     /// Run `rankscope train` ranks (Rust tch) instead of PyTorch; needs a
@@ -129,6 +133,9 @@ fn torchrun(args: &Args) -> PathBuf {
     args.torchrun.clone()
 }
 
+/// Steps of the package's example (and of `--rust` ranks) unless `--steps` says.
+const EXAMPLE_STEPS: u64 = 300;
+
 /// The package's example, run as a module so that it is found wherever the
 /// `rankscope` Python package is installed.
 const EXAMPLE_MODULE: &str = "rankscope.examples.ddp_train";
@@ -147,9 +154,11 @@ fn run_torchrun(
         .arg(args.nproc_per_node.to_string());
     let what = match &args.script {
         Some(script) => {
-            if !script.exists() {
+            if !script.is_file() {
                 bail!(
-                    "--script {}: no such file; give the path of a PyTorch training script",
+                    "--script {}: no such file; give the path of a PyTorch training script \
+                     (the README's quick start is one: save it as train.py, or copy \
+                     rankscope/examples/train.py from the installed package)",
                     script.display()
                 );
             }
@@ -165,8 +174,14 @@ fn run_torchrun(
         "launching {} PyTorch DDP ranks of {what} under torchrun (run {run_id})",
         args.nproc_per_node
     );
+    // A script of the user's gets `--steps` only when asked: it may take no arguments.
+    if let Some(steps) = args
+        .steps
+        .or(args.script.is_none().then_some(EXAMPLE_STEPS))
+    {
+        command.args(["--steps", &steps.to_string()]);
+    }
     command
-        .args(["--steps", &args.steps.to_string()])
         .env("RANKSCOPE_COLLECTOR", collector)
         .env("RANKSCOPE_RUN_ID", run_id)
         .env("RANKSCOPE_SAMPLE_EVERY", args.sample_every.to_string())
@@ -215,7 +230,7 @@ fn run_train(
             "--model".into(),
             args.model.clone(),
             "--steps".into(),
-            args.steps.to_string(),
+            args.steps.unwrap_or(EXAMPLE_STEPS).to_string(),
             "--sample-every".into(),
             args.sample_every.to_string(),
             "--device".into(),
