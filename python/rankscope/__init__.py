@@ -1,24 +1,16 @@
 """rankscope: activation dimensionality, step timing, memory and communication
 telemetry for PyTorch training, from every rank of a torchrun (or SLURM) job.
 
-The agent is Rust (the same library a Rust tch program links); this package is a
-thin layer over it. Quick start::
+The agent is Rust (the same core a Rust tch program links); this package is a thin
+layer over it that links no libtorch. The quick start, a complete script that runs as
+written on CPU or GPU, ships as ``rankscope/examples/train.py``::
 
-    import rankscope
+    rankscope demo --script train.py      # or: torchrun --nproc-per-node 2 train.py
 
-    agent = rankscope.init()              # torchrun/SLURM/RANKSCOPE_* variables
-    agent.watch(model)                    # every leaf module with parameters
-    agent.profile(model, example_input, optimizer)
-    for step, (x, y) in enumerate(loader):
-        with agent.step(step) as s:
-            with s.phase("forward"):
-                loss = loss_fn(model(x), y)
-            with s.phase("backward"):
-                loss.backward()
-            with s.phase("optimizer"):
-                opt.step(); opt.zero_grad()
-            s.record(loss=loss, lr=lr, samples=len(x))
-    report = agent.finish()
+In short: ``agent = rankscope.init()``, ``agent.watch(model)``, then each step in
+``with agent.step(i) as s:`` (phases with ``s.phase("forward")``, values with
+``s.record(loss=...)``), and ``agent.finish()``. Hugging Face, Lightning and Accelerate
+users add one line instead (``rankscope.integrations``, docs/integrations.md).
 
 Rows go to a collector (``python -m rankscope collector --out DIR``) that writes
 Parquet for DuckDB. See ``help(rankscope.init)`` for the settings.

@@ -29,13 +29,16 @@ pub(crate) struct Report {
 impl Report {
     fn __repr__(&self) -> String {
         format!(
-            "Report(rows_sent={}, rows_acked={}, rows_dropped={}, rows_unsent={}, rows_spilled={}, spill_dir={:?}, connected={}, complete={})",
+            "Report(rows_sent={}, rows_acked={}, rows_dropped={}, rows_unsent={}, rows_spilled={}, spill_dir={}, connected={}, complete={})",
             self.rows_sent,
             self.rows_acked,
             self.rows_dropped,
             self.rows_unsent,
             self.rows_spilled,
-            self.spill_dir,
+            match &self.spill_dir {
+                Some(dir) => format!("{dir:?}"),
+                None => "None".into(),
+            },
             self.connected,
             self.complete
         )

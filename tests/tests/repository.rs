@@ -222,5 +222,8 @@ fn the_command_the_extension_and_the_workspace_share_their_dependencies_features
         .keys()
         .filter(|p| p.starts_with("tch v") || p.starts_with("torch-sys v"))
         .collect();
-    assert!(linked.is_empty(), "the Python extension depends on {linked:?}");
+    assert!(
+        linked.is_empty(),
+        "the Python extension depends on {linked:?}"
+    );
 }
