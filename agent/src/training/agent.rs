@@ -3,7 +3,7 @@
 //! adapters add their own methods (with the `torch` feature, [`crate::torch`]:
 //! `tap`, `observe`, `profile_model` over tch tensors).
 //!
-//! ```ignore
+//! ```no_run
 //! use rankscope_agent::{Agent, Phase};
 //! use tch::nn::{self, Module};
 //!
