@@ -251,34 +251,36 @@ fn row_offset(shape: &[i64], strides: &[i64], axes: &[usize], mut row: usize) ->
     offset
 }
 
-/// Appends the chosen rows of the plan's matrix to `buffer`, as float32.
-#[allow(clippy::too_many_arguments)]
-fn gather<T: Element>(
-    data: *const T,
-    shape: &[i64],
-    strides: &[i64],
-    plan: &MatrixPlan,
-    rows: &[usize],
-    cols: &[usize],
+/// Which elements a sample reads: the chosen rows of the plan's matrix, and its
+/// column offsets (one stride where they are a dense run).
+struct Gather<'a> {
+    shape: &'a [i64],
+    strides: &'a [i64],
+    plan: &'a MatrixPlan,
+    rows: &'a [usize],
+    cols: &'a [usize],
     step: Option<usize>,
-    buffer: &mut Vec<f32>,
-) {
-    // SAFETY (every read): base + j·s and base + cols[j] are offsets the shape and
-    // strides address (row < plan.rows, j < plan.cols), which `HostActivation::new`'s
-    // contract makes readable; unaligned reads cost nothing here.
-    for &row in rows {
-        let base = row_offset(shape, strides, &plan.row_axes, row);
-        match step {
-            Some(1) => buffer.extend(
-                (0..plan.cols).map(|j| unsafe { data.add(base + j).read_unaligned() }.to_f32()),
-            ),
-            Some(s) => buffer.extend(
-                (0..plan.cols).map(|j| unsafe { data.add(base + j * s).read_unaligned() }.to_f32()),
-            ),
-            None => buffer.extend(
-                cols.iter()
-                    .map(|&c| unsafe { data.add(base + c).read_unaligned() }.to_f32()),
-            ),
+}
+
+impl Gather<'_> {
+    /// Appends the chosen rows to `buffer`, as float32.
+    fn append_to<T: Element>(&self, data: *const T, buffer: &mut Vec<f32>) {
+        let n = self.plan.cols;
+        // SAFETY (every read): base + j·s and base + cols[j] are offsets the shape and
+        // strides address (row < plan.rows, j < plan.cols), which `HostActivation::new`'s
+        // contract makes readable; unaligned reads cost nothing here.
+        for &row in self.rows {
+            let base = row_offset(self.shape, self.strides, &self.plan.row_axes, row);
+            match self.step {
+                Some(s) => buffer.extend(
+                    (0..n).map(|j| unsafe { data.add(base + j * s).read_unaligned() }.to_f32()),
+                ),
+                None => buffer.extend(
+                    self.cols
+                        .iter()
+                        .map(|&c| unsafe { data.add(base + c).read_unaligned() }.to_f32()),
+                ),
+            }
         }
     }
 }
@@ -323,50 +325,21 @@ pub fn read_sample(
             .checked_sub(*a)
             .filter(|&s| cols.windows(2).all(|w| w[1].checked_sub(w[0]) == Some(s))),
     };
-    let data = activation.data;
-    let read = |buffer: &mut Vec<f32>| match activation.element {
-        ElementType::F32 => gather(
-            data.cast::<f32>(),
-            shape,
-            strides,
-            &plan,
-            &rows,
-            &cols,
-            step,
-            buffer,
-        ),
-        ElementType::F64 => gather(
-            data.cast::<f64>(),
-            shape,
-            strides,
-            &plan,
-            &rows,
-            &cols,
-            step,
-            buffer,
-        ),
-        ElementType::F16 => gather(
-            data.cast::<f16>(),
-            shape,
-            strides,
-            &plan,
-            &rows,
-            &cols,
-            step,
-            buffer,
-        ),
-        ElementType::BF16 => gather(
-            data.cast::<bf16>(),
-            shape,
-            strides,
-            &plan,
-            &rows,
-            &cols,
-            step,
-            buffer,
-        ),
+    let read = Gather {
+        shape,
+        strides,
+        plan: &plan,
+        rows: &rows,
+        cols: &cols,
+        step,
     };
-    read(&mut buffer);
+    let data = activation.data;
+    match activation.element {
+        ElementType::F32 => read.append_to(data.cast::<f32>(), &mut buffer),
+        ElementType::F64 => read.append_to(data.cast::<f64>(), &mut buffer),
+        ElementType::F16 => read.append_to(data.cast::<f16>(), &mut buffer),
+        ElementType::BF16 => read.append_to(data.cast::<bf16>(), &mut buffer),
+    }
     (
         SampleMatrix {
             values: buffer,
