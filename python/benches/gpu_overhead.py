@@ -12,7 +12,10 @@ machine hit every arm alike:
 A step's time is wall time over a window of steps with one CUDA synchronize at each
 end of the window (never inside it). It prints each arm's median step time, its
 ratio to ``none``, and the share of planned samples that were measured (layers rows
-over planned ones, from the agent's own counters). With ``--profile`` the
+over planned ones, from the agent's own counters), and what the agent recorded of
+its own cost (``Agent.overhead()``: the device time of its side stream and the
+observed slowdown of the sampled steps) against the slowdown measured here (the arm's
+step time less ``none``'s, over the steps). With ``--profile`` the
 ``full@10`` arm also runs 20 steps under ``torch.profiler`` and counts the
 ``cudaStreamSynchronize``/``cudaDeviceSynchronize`` calls of the agent's threads
 against the training thread's.
@@ -120,7 +123,7 @@ def child(arm: str, steps: int, warmup: int, profile: bool) -> dict:
             i += 1
         torch.cuda.synchronize()
         windows.append((time.perf_counter() - started) * 1e3 / window)
-    result = {"arm": arm, "step_ms": statistics.median(windows)}
+    result = {"arm": arm, "step_ms": statistics.median(windows), "timed_steps": steps}
     if profile and agent is not None:
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
@@ -135,6 +138,13 @@ def child(arm: str, steps: int, warmup: int, profile: bool) -> dict:
         result["syncs_other_threads"] = sum(1 for e in syncs if e.thread not in main)
     if agent is not None:
         taken, dropped, skipped = agent.samples()
+        overhead = agent.overhead() or {}
+        result.update(
+            device_ms=overhead.get("device_ms", 0.0),
+            observed_ms=overhead.get("observed_ms", 0.0),
+            steps_run=i,
+            limits={k: overhead.get(k, 0) for k in ("skipped_cpu", "skipped_device", "skipped_observed", "skipped_queue_full")},
+        )
         agent.finish()
         planned_steps = len(range(0, i, ARMS[arm].get("sample_every", 10))) if arm != "steps" else 0
         layers = len(agent._watched)
@@ -165,8 +175,8 @@ def main() -> None:
             results[arm].append(json.loads(out.strip().splitlines()[-1]))
             print(f"round {r + 1} {arm}: {results[arm][-1]}", file=sys.stderr)
     base = statistics.median(x["step_ms"] for x in results["none"]) if "none" in results else None
-    print(f"| arm | step ms (median of {args.rounds}) | vs none | planned samples measured |")
-    print("|---|---|---|---|")
+    print(f"| arm | step ms (median of {args.rounds}) | vs none | planned samples measured | recorded (device + observed) / measured slowdown |")
+    print("|---|---|---|---|---|")
     for arm in arms:
         ms = statistics.median(x["step_ms"] for x in results[arm])
         ratio = f"{ms / base:.3f}" if base else "-"
@@ -176,7 +186,18 @@ def main() -> None:
             if last.get("planned")
             else "-"
         )
-        print(f"| {arm} | {ms:.2f} | {ratio} | {share} |")
+        recorded = "-"
+        if base and "device_ms" in last and ms > base:
+            # The agent's figures cover every step it ran (warm-up and profile
+            # included); the measured slowdown is per timed step, scaled to those.
+            measured = (ms - base) * last["steps_run"]
+            mine = last["device_ms"] + last["observed_ms"]
+            recorded = f"{mine / measured:.0%} ({last['device_ms']:.0f} + {last['observed_ms']:.0f} of {measured:.0f} ms)"
+        print(f"| {arm} | {ms:.2f} | {ratio} | {share} | {recorded} |")
+    for arm in arms:
+        last = results[arm][-1]
+        if any(last.get("limits", {}).values()):
+            print(f"skipped by share ({arm}): {last['limits']}")
     for arm in arms:
         for x in results[arm]:
             if "syncs_total" in x:

@@ -8,7 +8,7 @@ import atexit
 import warnings
 import weakref
 from time import perf_counter_ns
-from typing import Any, Callable, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -225,6 +225,20 @@ class Agent:
         or because the metrics thread's queue was full."""
         return self._native.samples()
 
+    def overhead(self) -> Optional[Dict[str, Any]]:
+        """What the agent has cost so far, by share of its overhead budget
+        (``docs/metrics.md``, "Which steps are sampled"): ``budget`` (a fraction),
+        ``cpu_share`` (the agent's share of the process's CPU time) and the CPU
+        times behind it (``agent_cpu_ms``, ``training_thread_ms``,
+        ``metrics_thread_ms``, ``transport_thread_ms``, ``process_cpu_ms``); the
+        device time of its sample work (``device_ms`` over ``device_samples``); the
+        observed slowdown of the steps (``observed_ms`` over ``observed_steps``
+        sampled steps, ``observed_per_step_ms`` the recent median); the planned
+        samples skipped per share (``skipped_cpu``, ``skipped_device``,
+        ``skipped_observed``, ``skipped_queue_full``) and the steps the floor
+        sampled over the budget (``steps_floor``). ``None`` on an inert agent."""
+        return self._native.overhead()
+
     def finish(self) -> Report:
         """Sends everything and waits (at most 10 s) for the collector to
         acknowledge it. Returns a :class:`rankscope.Report`: ``rows_unsent`` rows
@@ -347,6 +361,9 @@ class InertAgent:
 
     def samples(self) -> Tuple[int, int, int]:
         return (0, 0, 0)
+
+    def overhead(self) -> Optional[Dict[str, Any]]:
+        return None
 
     def wrap_comm_hook(self, hook: Callable) -> Callable:
         return hook

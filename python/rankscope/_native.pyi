@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``rankscope._native`` (pyo3)."""
 
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -119,6 +119,7 @@ class NativeAgent:
         forward: Callable[[], None],
     ) -> List[dict]: ...
     def samples(self) -> Tuple[int, int, int]: ...
+    def overhead(self) -> Optional[Dict[str, Any]]: ...
     def queued_samples(self) -> int:
         """Samples handed to the metrics thread and not yet measured."""
     def finish(self) -> Report: ...

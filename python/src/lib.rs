@@ -417,6 +417,34 @@ impl NativeAgent {
         (samples.taken, samples.dropped, samples.skipped)
     }
 
+    /// What the agent has cost so far, by share of the overhead budget (see
+    /// `Agent.overhead` in Python); `None` for an inert agent.
+    fn overhead<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(o) = self.agent.overhead() else {
+            return Ok(None);
+        };
+        let samples = self.agent.activation_samples();
+        let d = PyDict::new(py);
+        d.set_item("budget", o.budget.fraction())?;
+        d.set_item("cpu_share", o.share())?;
+        d.set_item("agent_cpu_ms", o.agent_ns as f64 / 1e6)?;
+        d.set_item("training_thread_ms", o.training_ns as f64 / 1e6)?;
+        d.set_item("metrics_thread_ms", o.metrics_ns as f64 / 1e6)?;
+        d.set_item("transport_thread_ms", o.transport_ns as f64 / 1e6)?;
+        d.set_item("process_cpu_ms", o.process_ns as f64 / 1e6)?;
+        d.set_item("device_ms", o.device_ns as f64 / 1e6)?;
+        d.set_item("device_samples", o.device_samples)?;
+        d.set_item("observed_ms", o.observed_ms)?;
+        d.set_item("observed_steps", o.observed_steps)?;
+        d.set_item("observed_per_step_ms", o.observed_per_step_ms)?;
+        d.set_item("skipped_cpu", samples.skipped_cpu)?;
+        d.set_item("skipped_device", samples.skipped_device)?;
+        d.set_item("skipped_observed", samples.skipped_observed)?;
+        d.set_item("skipped_queue_full", samples.skipped_queue_full)?;
+        d.set_item("steps_floor", samples.steps_floor)?;
+        Ok(Some(d))
+    }
+
     /// Samples handed to the metrics thread and not yet measured.
     fn queued_samples(&self) -> u64 {
         self.agent.queued_samples()

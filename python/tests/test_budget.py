@@ -46,6 +46,9 @@ def train(agent, steps: int, delay_ms: float) -> None:
 def test_the_observed_slowdown_is_recorded_within_a_factor_of_its_cost(collector):
     agent = rankscope.init(collector=collector.addr, run_id="observed", sample_every=5, overhead_budget="100%")
     train(agent, 300, DELAY_MS)
+    overhead = agent.overhead()
+    assert overhead["budget"] == 1.0 and overhead["device_samples"] == 0, overhead
+    assert overhead["observed_steps"] >= 40 and DELAY_MS / 2 < overhead["observed_per_step_ms"] < DELAY_MS * 2, overhead
     assert agent.finish().complete
     assert collector.stop() == 0
     steps = table(collector.out, "steps")
@@ -70,6 +73,8 @@ def test_the_budget_skips_samples_for_the_observed_slowdown_and_says_why(collect
     agent = rankscope.init(collector=collector.addr, run_id="limited", sample_every=5, overhead_budget="2%")
     train(agent, 400, DELAY_MS)
     taken, dropped, skipped = agent.samples()
+    overhead = agent.overhead()
+    assert overhead["skipped_observed"] > 0 and overhead["skipped_device"] == 0, overhead
     assert agent.finish().complete
     assert collector.stop() == 0
     events = table(collector.out, "events")
