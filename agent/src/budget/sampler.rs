@@ -68,9 +68,56 @@ impl Share {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Decision {
     pub take: bool,
-    /// A skip limited by another share than the last skip (or the first skip): the
-    /// share, the planned samples skipped so far and a sentence for people.
-    pub newly_limited: Option<(Share, u64, String)>,
+    /// A skip limited by another share than the last skip's, or the first skip, or
+    /// the first missed floor: what its `budget_limited` event says.
+    pub newly_limited: Option<Limited>,
+}
+
+/// What a `budget_limited` event says.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Limited {
+    pub share: Share,
+    /// Planned samples skipped so far.
+    pub skipped: u64,
+    pub message: String,
+}
+
+/// One share's demand on a planned step: what the next sampled step would take
+/// against its room (above 1: over the budget), and what it costs (ms).
+#[derive(Debug, Clone, Copy)]
+struct Demand {
+    share: Share,
+    ratio: f64,
+    cost_ms: f64,
+}
+
+/// The three shares' demands, and the wall time the rate shares are held against.
+#[derive(Debug, Clone, Copy)]
+struct Demands {
+    shares: [Demand; 3],
+    /// Since the last sampled step, and the budget's part of it (ms).
+    since_ms: f64,
+    room_ms: f64,
+}
+
+impl Demands {
+    /// A sentence on `d`, for a `budget_limited` event (made only then: the
+    /// decision itself formats nothing).
+    fn detail(&self, d: &Demand) -> String {
+        let (since, room, cost) = (self.since_ms, self.room_ms, d.cost_ms);
+        match d.share {
+            Share::Cpu => format!(
+                "a sampled step costs the agent {cost:.1} ms of CPU time; the share is held over a window of at least {} s",
+                super::controller::WINDOW.as_secs()
+            ),
+            Share::Device => format!(
+                "a sampled step's device work takes {cost:.2} ms; {room:.2} ms fit in the {since:.0} ms since the last sampled step"
+            ),
+            Share::Observed => format!(
+                "a sampled step's slowdown of training is {cost:.2} ms; {room:.2} ms fit in the {since:.0} ms since the last sampled step"
+            ),
+        }
+    }
 }
 
 /// Activation samples of one agent (see [`crate::Agent::activation_samples`]).
@@ -295,12 +342,14 @@ impl Sampler {
                 newly_limited: None,
             };
         }
-        let (demands, detail) = self.demands(&mut gate, at, queued);
-        let (limit, worst) = demands
+        let demands = self.demands(&mut gate, at, queued);
+        let limit = demands
+            .shares
             .iter()
+            .max_by(|a, b| a.ratio.total_cmp(&b.ratio))
             .copied()
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .unwrap_or((Share::Cpu, 0.0));
+            .expect("three shares");
+        let worst = limit.ratio;
         let floor = gate
             .last_sampled
             .is_none_or(|(last, _)| step.saturating_sub(last) >= FLOOR_STEPS);
@@ -313,7 +362,7 @@ impl Sampler {
             gate.seen_at_take = seen;
             gate.last_sampled = Some((step, at));
         } else {
-            let counter = match limit {
+            let counter = match limit.share {
                 Share::Cpu => &self.skipped_cpu,
                 Share::Device => &self.skipped_device,
                 Share::Observed => &self.skipped_observed,
@@ -321,12 +370,12 @@ impl Sampler {
             counter.fetch_add(gate.per_step, Ordering::Relaxed);
             self.steps_skipped.fetch_add(1, Ordering::Relaxed);
             let floor_missed = floor && !gate.floor_missed;
-            if gate.last_limit != Some(limit) || floor_missed {
-                gate.last_limit = Some(limit);
+            if gate.last_limit != Some(limit.share) || floor_missed {
+                gate.last_limit = Some(limit.share);
                 gate.floor_missed |= floor_missed;
                 let budget = gate.controller.budget();
                 let skipped = self.samples().skipped;
-                let why = &detail[limit as usize];
+                let why = demands.detail(&limit);
                 let floor_note = if floor_missed {
                     format!(
                         "; no step was sampled in the last {FLOOR_STEPS} steps, and the floor samples one only within {FLOOR_SLACK} times the room"
@@ -334,14 +383,14 @@ impl Sampler {
                 } else {
                     String::new()
                 };
-                newly_limited = Some((
-                    limit,
+                newly_limited = Some(Limited {
+                    share: limit.share,
                     skipped,
-                    format!(
+                    message: format!(
                         "planned samples skipped from step {step} to stay within RANKSCOPE_OVERHEAD_BUDGET={budget}: the {} share is {worst:.1} times its room ({why}){floor_note}",
-                        limit.label()
+                        limit.share.label()
                     ),
-                ));
+                });
             }
         }
         gate.last_taken = take;
@@ -351,14 +400,8 @@ impl Sampler {
         }
     }
 
-    /// Each share's demand at wall time `at`: what the next sampled step would take
-    /// against its room (above 1: over the budget), with a sentence on each.
-    fn demands(
-        &self,
-        gate: &mut Gate,
-        at: Duration,
-        queued: u64,
-    ) -> ([(Share, f64); 3], [String; 3]) {
+    /// Each share's demand at wall time `at` (see [`Demand`]).
+    fn demands(&self, gate: &mut Gate, at: Duration, queued: u64) -> Demands {
         let budget = gate.controller.budget();
         let cost = SampleCost {
             taken: self.taken.load(Ordering::Relaxed),
@@ -369,32 +412,33 @@ impl Sampler {
             first_worker_ns: self.worker.first_ns.load(Ordering::Relaxed),
         };
         let expected = cost.expected_ns(queued, gate.per_step);
-        let cpu = match self.cpu_times(Clocks::LastTick) {
-            Some(now) => gate.controller.demand(at, now, expected),
-            // No process clock: nothing to hold a budget against.
-            None => 0.0,
+        let cpu = Demand {
+            share: Share::Cpu,
+            ratio: match self.cpu_times(Clocks::LastTick) {
+                Some(now) => gate.controller.demand(at, now, expected),
+                // No process clock: nothing to hold a budget against.
+                None => 0.0,
+            },
+            cost_ms: expected.unwrap_or(0) as f64 / 1e6,
         };
-        let cpu_detail = format!(
-            "a sampled step costs the agent {:.1} ms of CPU time; the share is held over a window of at least {} s",
-            expected.unwrap_or(0) as f64 / 1e6,
-            super::controller::WINDOW.as_secs()
-        );
         // The rate shares: a sampled step's cost against the budget's part of the
         // wall time since the last sampled step.
-        let since = gate
+        let since_ms = gate
             .last_sampled
             .map_or(at, |(_, last)| at.saturating_sub(last))
             .as_secs_f64()
             * 1e3;
-        let room = budget.fraction() * since;
-        let rate = |cost_ms: f64| {
-            if budget.is_unlimited() || cost_ms <= 0.0 {
+        let room_ms = budget.fraction() * since_ms;
+        let rate = |share: Share, cost_ms: f64| Demand {
+            share,
+            ratio: if budget.is_unlimited() || cost_ms <= 0.0 {
                 0.0
-            } else if room > 0.0 {
-                cost_ms / room
+            } else if room_ms > 0.0 {
+                cost_ms / room_ms
             } else {
                 f64::INFINITY
-            }
+            },
+            cost_ms,
         };
         let device_samples = self.device_samples.load(Ordering::Relaxed);
         let device_ms = if device_samples > 0 {
@@ -409,23 +453,15 @@ impl Sampler {
             .unwrap_or_else(|e| e.into_inner())
             .per_sample_ms()
             .unwrap_or(0.0);
-        let rate_detail = |what: &str, ms: f64| {
-            format!(
-                "a sampled step's {what} {ms:.2} ms; {room:.2} ms fit in the {since:.0} ms since the last sampled step"
-            )
-        };
-        (
-            [
-                (Share::Cpu, cpu),
-                (Share::Device, rate(device_ms)),
-                (Share::Observed, rate(observed_ms)),
+        Demands {
+            shares: [
+                cpu,
+                rate(Share::Device, device_ms),
+                rate(Share::Observed, observed_ms),
             ],
-            [
-                cpu_detail,
-                rate_detail("device work takes", device_ms),
-                rate_detail("slowdown of training is", observed_ms),
-            ],
-        )
+            since_ms,
+            room_ms,
+        }
     }
 
     /// A step ended after `step_ms`, `sampled` or not: its observed slowdown (ms;
@@ -677,9 +713,12 @@ mod tests {
         for step in (0..steps).step_by(10) {
             let at = Duration::from_millis(10 * step);
             let decision = sampler.decide_at(step, 16, at);
-            if let Some((share, _, message)) = &decision.newly_limited {
-                assert!(message.contains(share.label()), "{message}");
-                limits.push(*share);
+            if let Some(limited) = &decision.newly_limited {
+                assert!(
+                    limited.message.contains(limited.share.label()),
+                    "{limited:?}"
+                );
+                limits.push(limited.share);
             }
             if decision.take {
                 sampled.push(step);
@@ -760,9 +799,12 @@ mod tests {
                 assert_eq!(observed, Some(10.0));
             }
         }
-        let (share, skipped, message) = limited.expect("a budget_limited event");
-        assert_eq!(share, Share::Observed);
-        assert!(skipped >= 1 && message.contains("observed"), "{message}");
+        let limited = limited.expect("a budget_limited event");
+        assert_eq!(limited.share, Share::Observed);
+        assert!(
+            limited.skipped >= 1 && limited.message.contains("the observed share"),
+            "{limited:?}"
+        );
         // 10 ms a sampled step fits in 500 ms of steps at 2 %: one every 50.
         assert!((18..=24).contains(&sampled), "{sampled}");
         let o = sampler.overhead();

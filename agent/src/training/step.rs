@@ -94,13 +94,10 @@ impl StepGuard {
             let sampled = planned && {
                 let deciding = Instant::now();
                 let decision = inner.sampler.decide(step, WORKER_QUEUE);
-                if let Some((_, skipped, message)) = decision.newly_limited {
-                    let value = i64::try_from(skipped).unwrap_or(i64::MAX);
-                    inner.event(
-                        crate::rows::event_kind::BUDGET_LIMITED,
-                        &message,
-                        Some(value),
-                    );
+                if let Some(limited) = decision.newly_limited {
+                    let value = i64::try_from(limited.skipped).unwrap_or(i64::MAX);
+                    let kind = crate::rows::event_kind::BUDGET_LIMITED;
+                    inner.event(kind, &limited.message, Some(value));
                 }
                 inner.add_overhead(deciding);
                 decision.take
