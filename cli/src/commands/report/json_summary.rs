@@ -67,6 +67,11 @@ pub struct PhaseStats {
     pub mean: f64,
     /// Steps that timed the phase.
     pub steps: u64,
+    /// The step-to-step spread: 1.4826 · median |x − p50| (the normal-consistent
+    /// MAD); `compare` derives its noise band from it. Absent in reports
+    /// written before it was added.
+    #[serde(default)]
+    pub mad: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -235,6 +240,7 @@ fn rank_summaries(
     select += &format!(" FROM steps WHERE run_id = {id} GROUP BY rank ORDER BY rank");
     let events = dataset.rank_events(run_id)?;
     let mut comm = comm_by_rank(dataset, &id)?;
+    let spread = phase_mads(dataset, &id)?;
     let mut out = Vec::new();
     for b in &dataset.sql(&select)? {
         let (rank, steps) = (ints(b, "rank")?, ints(b, "steps")?);
@@ -268,6 +274,7 @@ fn rank_summaries(
                             p99,
                             mean,
                             steps: n as u64,
+                            mad: spread.get(&(r, *phase)).copied(),
                         },
                     );
                 }
@@ -288,6 +295,38 @@ fn rank_summaries(
                 rows_dropped: e.rows_dropped,
                 comm: comm.remove(&r).unwrap_or_default(),
             });
+        }
+    }
+    Ok(out)
+}
+
+/// Per (rank, phase), the normal-consistent median absolute deviation of the
+/// phase's time over the rank's steps.
+fn phase_mads(dataset: &Dataset, id: &str) -> anyhow::Result<BTreeMap<(i64, &'static str), f64>> {
+    let (mut medians, mut deviations) = (Vec::new(), Vec::new());
+    for phase in PHASES {
+        medians.push(format!("median({phase}_ms) AS {phase}_m"));
+        deviations.push(format!(
+            "1.4826 * median(abs(s.{phase}_ms - m.{phase}_m)) AS {phase}_mad"
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for b in &dataset.sql(&format!(
+        "WITH m AS (SELECT rank, {} FROM steps WHERE run_id = {id} GROUP BY rank)
+         SELECT CAST(s.rank AS BIGINT) AS rank, {}
+         FROM steps s JOIN m ON m.rank = s.rank
+         WHERE s.run_id = {id} GROUP BY s.rank",
+        medians.join(", "),
+        deviations.join(", ")
+    ))? {
+        let rank = ints(b, "rank")?;
+        for phase in PHASES {
+            let mad = floats(b, &format!("{phase}_mad"))?;
+            for i in 0..b.num_rows() {
+                if let (Some(r), Some(v)) = (rank[i], mad[i]) {
+                    out.insert((r, phase), v);
+                }
+            }
         }
     }
     Ok(out)
