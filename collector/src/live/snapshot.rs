@@ -54,6 +54,17 @@ pub struct RunSnapshot {
     pub findings: Vec<serde_json::Value>,
 }
 
+impl RunSnapshot {
+    /// Keeps each rank's newest `steps` steps (what a viewer draws), after the
+    /// diagnoses read the whole window.
+    pub fn keep_last_steps(&mut self, steps: usize) {
+        for r in &mut self.ranks {
+            let extra = r.steps.len().saturating_sub(steps);
+            r.steps.drain(..extra);
+        }
+    }
+}
+
 /// What the ranks of a run reported about their own telemetry, and what the
 /// live view left out to stay within its bounds.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

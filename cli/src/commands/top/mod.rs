@@ -47,8 +47,9 @@ The rows are the ranks: the last step, its time, its all-reduce time (comm ms),
 its phases as a bar (d data, f forward, b backward, o optimizer), its memory
 (device allocated, else RSS), samples dropped/skipped, and its step time over
 the recent steps against the median rank's (░ within 5%, ▒ 25%, ▓ 60%, █
-slower). The live diagnoses are report's (docs/diagnoses.md) over the recent
-steps, each with the step at which it fired.")]
+slower). The live diagnoses are report's (docs/diagnoses.md) over every step
+the collectors keep (their --live-steps, 64 per rank) that all ranks have, each
+with the step at which it fired.")]
 pub struct Args {
     /// The collectors' --http addresses (HOST:PORT), comma-separated: every
     /// collector of a sharded run, whose ranks top merges.
@@ -69,7 +70,8 @@ pub struct Args {
     /// How often to read the collectors.
     #[arg(long, default_value_t = duration_arg::Arg(Duration::from_secs(1)), value_parser = duration_arg::parse_arg)]
     pub interval: duration_arg::Arg,
-    /// Steps per rank to read (the heatmap's and the diagnoses' window).
+    /// Steps per rank to show (the heatmap's window); the diagnoses read every
+    /// step the collectors keep (their --live-steps).
     #[arg(long, default_value_t = 32)]
     pub steps: usize,
     /// Print one frame as text and exit, instead of the interactive screen.
@@ -217,9 +219,15 @@ impl Top {
             }
             return;
         }
+        // Every step the collectors keep, for the diagnoses: the ranks' newest
+        // steps differ by up to a batch, and the diagnoses compare only the
+        // steps every rank has. The view draws the last `steps`.
         let mut parts = Vec::new();
         for c in &self.collectors {
-            match c.run(&run_id, self.steps) {
+            match c.run(
+                &run_id,
+                rankscope_collector::live::MAX_STEPS.max(self.steps),
+            ) {
                 Ok(Some(part)) => parts.push(part),
                 Ok(None) => {}
                 Err(why) => {
@@ -238,6 +246,9 @@ impl Top {
             Some(run) => self.diagnoses.update(run),
             None => Vec::new(),
         };
+        if let Some(run) = &mut self.run {
+            run.keep_last_steps(self.steps);
+        }
     }
 
     fn screen(&self) -> Screen<'_> {
