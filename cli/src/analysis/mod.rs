@@ -3,6 +3,7 @@
 //! them whatever reads the data.
 //!
 //! Layout:
+//! - `coverage`: whether a layer's series is thick enough for a trend;
 //! - `stats`: normal tails, robust scale, least-squares lines, the binomial tail;
 //! - `jumps`: the jump (change-point) detector and its false-alarm control;
 //! - `validity`: the detector's fixtures and scoring, modelled on NDT's harness;
@@ -10,6 +11,7 @@
 //! - `live`: the diagnoses that run mid-run, over the collectors' live view,
 //!   with the step at which each fired.
 
+pub mod coverage;
 pub mod diagnoses;
 pub mod jumps;
 pub mod live;

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::analysis::coverage::{Coverage, planned_samples};
 use crate::output_query::{Dataset, floats, ints, literal, strings};
 
 /// Summarise a run from the collector's output.
@@ -106,6 +107,8 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
     }
     // Per layer, in the order of first sampling: the mean over ranks of the
     // stable and effective rank at the first and last step with finite values.
+    let spans = layer_spans(data, &id)?;
+    let sample_every = data.run(Some(run_id))?.sample_every;
     text += "\nlayer            stable rank   effective rank   trend (stable rank since first sample)\n";
     for b in &data.sql(&format!(
         "WITH per_step AS (
@@ -137,6 +140,14 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
                 );
                 continue;
             };
+            let measured = samples[i].unwrap_or_default().max(0) as u64;
+            let planned = spans
+                .get(&name)
+                .and_then(|&(lo, hi)| planned_samples(lo, hi, sample_every));
+            if let Some(note) = Coverage::new(planned, measured).note {
+                text += &format!("{name:<16} {s1:>11.3}   {e1:>14.3}   {note}\n");
+                continue;
+            }
             let change = if s0 > 0.0 {
                 100.0 * (s1 - s0) / s0
             } else {
@@ -156,6 +167,26 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
         }
     }
     Ok(text)
+}
+
+/// Per layer, the step range of the ranks that sampled it (first, last).
+fn layer_spans(data: &Dataset, id: &str) -> anyhow::Result<BTreeMap<String, (u64, u64)>> {
+    let mut out = BTreeMap::new();
+    for b in &data.sql(&format!(
+        "WITH r AS (SELECT rank, min(step) AS lo, max(step) AS hi
+                    FROM steps WHERE run_id = {id} GROUP BY rank),
+              lr AS (SELECT DISTINCT layer, rank FROM layers WHERE run_id = {id})
+         SELECT lr.layer, CAST(min(r.lo) AS BIGINT) AS lo, CAST(max(r.hi) AS BIGINT) AS hi
+         FROM lr JOIN r ON r.rank = lr.rank GROUP BY lr.layer"
+    ))? {
+        let (layer, lo, hi) = (strings(b, "layer")?, ints(b, "lo")?, ints(b, "hi")?);
+        for i in 0..b.num_rows() {
+            if let (Some(l), Some(lo), Some(hi)) = (layer[i].clone(), lo[i], hi[i]) {
+                out.insert(l, (lo.max(0) as u64, hi.max(0) as u64));
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -270,6 +301,97 @@ mod tests {
             text.contains("fc                     2.000            6.500"),
             "{text}"
         );
-        assert!(text.contains("down -50.0% over 2 samples"), "{text}");
+        // Two samples are no trend.
+        assert!(
+            text.contains("2 samples: too few for a trend (at least 5)"),
+            "{text}"
+        );
+    }
+
+    /// A run of 400 steps sampled every 10, of which the budget let `kept`
+    /// sampled steps in; the stable rank falls by half between the first and
+    /// the last.
+    fn sampled_run(kept: &[u64]) -> tempfile::TempDir {
+        use arrow::array::UInt64Array;
+        let out = tempfile::tempdir().unwrap();
+        write(
+            out.path(),
+            "runs",
+            vec![
+                ("rank", Arc::new(UInt32Array::from(vec![0]))),
+                ("sample_every", Arc::new(UInt32Array::from(vec![10]))),
+                ("mode", Arc::new(StringArray::from(vec!["full"]))),
+                ("workload", Arc::new(StringArray::from(vec![""]))),
+            ],
+        );
+        write(
+            out.path(),
+            "steps",
+            vec![
+                ("rank", Arc::new(UInt32Array::from(vec![0; 400]))),
+                ("step", Arc::new(UInt64Array::from_iter_values(0..400))),
+                ("step_ms", Arc::new(Float64Array::from(vec![10.0; 400]))),
+            ],
+        );
+        let n = kept.len();
+        let stable: Vec<f64> = (0..n)
+            .map(|i| 4.0 - 2.0 * i as f64 / (n - 1) as f64)
+            .collect();
+        write(
+            out.path(),
+            "layers",
+            vec![
+                ("rank", Arc::new(UInt32Array::from(vec![0; n]))),
+                ("step", Arc::new(UInt64Array::from(kept.to_vec()))),
+                ("layer", Arc::new(StringArray::from(vec!["fc"; n]))),
+                ("stable_rank", Arc::new(Float64Array::from(stable))),
+                ("effective_rank", Arc::new(Float64Array::from(vec![6.0; n]))),
+            ],
+        );
+        out
+    }
+
+    #[test]
+    fn a_thin_series_says_so_instead_of_a_trend() {
+        let thin = sampled_run(&[0, 390]);
+        let text = summarise(thin.path(), "r").unwrap();
+        assert!(
+            text.contains("38 of 40 planned samples skipped: trends unreliable"),
+            "{text}"
+        );
+        assert!(!text.contains("down"), "{text}");
+        // Every planned sample measured: the trend is shown.
+        let full: Vec<u64> = (0..40).map(|i| 10 * i).collect();
+        let text = summarise(sampled_run(&full).path(), "r").unwrap();
+        assert!(text.contains("down -50.0% over 40 samples"), "{text}");
+    }
+
+    #[test]
+    fn the_report_says_a_thin_series_has_no_trend() {
+        use crate::commands::report;
+        let thin = sampled_run(&[0, 390]);
+        let (r, data) = report::build(&Dataset::open(thin.path()).unwrap(), Some("r")).unwrap();
+        let layer = &r.layers[0];
+        let c = layer.coverage.as_ref().unwrap();
+        assert_eq!((c.planned, c.measured, c.skipped), (Some(40), 2, Some(38)));
+        assert!(!c.trend_reliable);
+        assert_eq!(layer.stable_rank.as_ref().unwrap().change, None);
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            json["layers"][0]["coverage"]["note"],
+            "38 of 40 planned samples skipped: trends unreliable"
+        );
+        let page = report::html::page(&r, &data).unwrap();
+        assert!(
+            page.contains("38 of 40 planned samples skipped: trends unreliable"),
+            "the page says so"
+        );
+        // A full series keeps its change.
+        let full: Vec<u64> = (0..40).map(|i| 10 * i).collect();
+        let out = sampled_run(&full);
+        let (r, _) = report::build(&Dataset::open(out.path()).unwrap(), Some("r")).unwrap();
+        let c = r.layers[0].coverage.as_ref().unwrap();
+        assert!(c.trend_reliable && c.note.is_none());
+        assert_eq!(r.layers[0].stable_rank.as_ref().unwrap().change, Some(-0.5));
     }
 }

@@ -72,6 +72,7 @@ struct LayerState {
 #[derive(Debug, Default)]
 struct RunState {
     world_size: u32,
+    sample_every: Option<u64>,
     updated_us: i64,
     counters: RunCounters,
     ranks: BTreeMap<u32, RankState>,
@@ -141,6 +142,8 @@ struct Values<'a> {
     ranks: Vec<rows::RankPoint>,
     /// (step, comm_ms) of its `comm` rows.
     comm: Vec<(u64, f64)>,
+    /// The run's `sample_every`, from a `runs` row.
+    sample_every: Option<u64>,
 }
 
 fn now_us() -> i64 {
@@ -195,7 +198,8 @@ impl LiveView {
                 Table::Events => values.events.extend(rows::events(batch)),
                 Table::Ranks => values.ranks.extend(rows::ranks(batch)),
                 Table::Comm => values.comm.extend(rows::comm(batch)),
-                Table::Runs | Table::Model => {}
+                Table::Runs => values.sample_every = rows::sample_every(batch),
+                Table::Model => {}
             }
         }
         let keep = self.steps;
@@ -272,6 +276,9 @@ impl LiveView {
         let Some(run) = inner.runs.get_mut(run_id) else {
             return;
         };
+        if values.sample_every.is_some() {
+            run.sample_every = values.sample_every;
+        }
         // A layer is followed on the lowest rank that samples it: a higher
         // rank's rows of a layer already held are skipped unread.
         let mut layers = Vec::new();
@@ -362,6 +369,7 @@ impl LiveView {
             summary: run.summary(run_id),
             now_us: now_us(),
             steps_kept: self.steps as u32,
+            sample_every: run.sample_every,
             counters: run.counters.clone(),
             ranks,
             layers,

@@ -162,3 +162,12 @@ pub fn ranks(batch: &RecordBatch) -> Vec<RankPoint> {
         })
         .collect()
 }
+
+/// The `sample_every` of a `runs` record batch (its last row's).
+pub fn sample_every(batch: &RecordBatch) -> Option<u64> {
+    let every = column::<UInt32Type>(batch, "sample_every");
+    (0..batch.num_rows())
+        .rev()
+        .find_map(|i| at(every, i))
+        .map(u64::from)
+}

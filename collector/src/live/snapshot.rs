@@ -41,6 +41,11 @@ pub struct RunSnapshot {
     pub now_us: i64,
     /// The most steps it keeps per rank (`--live-steps`).
     pub steps_kept: u32,
+    /// The run's `sample_every` (its `runs` row, which rank 0 sends), against
+    /// which a viewer tells whether a layer's history carries a trend; absent
+    /// until that row arrived, and on a collector that holds no rank 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_every: Option<u64>,
     /// Counters over the run, summed over its ranks.
     pub counters: RunCounters,
     /// Every rank seen, by rank.

@@ -259,3 +259,20 @@ fn a_step_without_comm_ms_shows_the_sum_of_its_comm_rows() {
     let d = view.run("d", usize::MAX).unwrap();
     assert_eq!(d.ranks[0].steps[0].comm_ms, Some(2.0));
 }
+
+#[test]
+fn the_runs_row_gives_the_plan_of_samples() {
+    let view = LiveView::new(8);
+    view.record("r", 1, &records("r", 1, steps(0..3, 10.0)));
+    assert_eq!(view.run("r", 8).unwrap().sample_every, None);
+    let mut first = steps(0..3, 10.0);
+    first.runs = vec![rankscope_proto::v1::RunRow {
+        sample_every: 25,
+        ..Default::default()
+    }];
+    view.record("r", 0, &records("r", 0, first));
+    let run = view.run("r", 8).unwrap();
+    assert_eq!(run.sample_every, Some(25));
+    let json = serde_json::to_value(&run).unwrap();
+    assert_eq!(json["sample_every"], 25);
+}

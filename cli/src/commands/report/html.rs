@@ -437,6 +437,9 @@ fn layers(h: &mut String, layers: &[LayerSummary]) -> anyhow::Result<()> {
             escape(&l.layer)
         ));
         h.push_str(&plots::lines(&l.layer, "", &series, &marks, SMALL)?);
+        if let Some(note) = l.coverage.as_ref().and_then(|c| c.note.as_ref()) {
+            h.push_str(&format!("<p class=\"note thin\">{}</p>", escape(note)));
+        }
         h.push_str("</div>");
     }
     writeln!(h, "</div></section>")?;

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::analysis::coverage::{self, Coverage};
 use crate::analysis::diagnoses::{self, Diagnosis, RunData, Thresholds};
 use crate::analysis::jumps::{self, Jump, JumpConfig};
 use crate::output_query::{Dataset, RunInfo, floats, ints, literal, strings};
@@ -171,6 +172,11 @@ pub struct LayerSummary {
     /// The last sampled step's mean over ranks.
     pub final_zero_fraction: Option<f64>,
     pub nonfinite: u64,
+    /// Planned samples against those measured, and whether the series carries
+    /// a trend (`analysis::coverage`); when it does not, the trends' `change`
+    /// is null and `note` says why. Absent in reports written before it.
+    #[serde(default)]
+    pub coverage: Option<Coverage>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -211,7 +217,7 @@ pub fn build(dataset: &Dataset, info: &RunInfo, data: &RunData) -> anyhow::Resul
         },
         ranks,
         loss: loss_summary(dataset, &id)?,
-        layers: layer_summaries(dataset, &id, data)?,
+        layers: layer_summaries(dataset, &id, data, info.sample_every)?,
         model: model(dataset, &id)?,
         diagnoses: diagnoses::diagnose(data, &Thresholds::default()),
     })
@@ -417,8 +423,10 @@ fn layer_summaries(
     dataset: &Dataset,
     id: &str,
     data: &RunData,
+    sample_every: Option<u64>,
 ) -> anyhow::Result<Vec<LayerSummary>> {
     let mut series = diagnoses::layer_series(data);
+    let mut covered = coverage::layer_coverage(data, sample_every);
     let mut out = Vec::new();
     for b in &dataset.sql(&format!(
         "WITH last AS (SELECT layer, max(step) AS step FROM layers WHERE run_id = {id} GROUP BY layer)
@@ -434,10 +442,16 @@ fn layer_summaries(
         let zero = floats(b, "zero_fraction")?;
         for i in 0..b.num_rows() {
             let layer = name[i].clone().unwrap_or_default();
+            let coverage = covered.remove(&layer);
+            let reliable = coverage.as_ref().is_none_or(|c| c.trend_reliable);
             let mut take = |metric: &str| {
-                series
+                let mut t = series
                     .remove(&(layer.clone(), metric.to_string()))
-                    .and_then(trend)
+                    .and_then(trend)?;
+                if !reliable {
+                    t.change = None;
+                }
+                Some(t)
             };
             out.push(LayerSummary {
                 stable_rank: take("stable_rank"),
@@ -446,6 +460,7 @@ fn layer_summaries(
                 samples: samples[i].unwrap_or_default() as u64,
                 final_zero_fraction: zero[i],
                 nonfinite: nonfinite[i].unwrap_or_default() as u64,
+                coverage,
             });
         }
     }

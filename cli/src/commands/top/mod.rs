@@ -405,4 +405,76 @@ mod tests {
             .collect();
         assert!(text.contains("at least 80x20"), "{text}");
     }
+
+    /// One frame of a run of one rank at step 399, sampled every 10 steps,
+    /// whose layer `fc` holds samples at `sampled`.
+    fn frame_of_layer(sampled: &[u64]) -> String {
+        use rankscope_collector::live::snapshot::{
+            LayerLive, LayerPoint, RankLive, RunSummary, StepPoint,
+        };
+        let run = RunSnapshot {
+            summary: RunSummary {
+                run_id: "r".into(),
+                world_size: 1,
+                ranks_seen: 1,
+                last_step: Some(399),
+                ..Default::default()
+            },
+            sample_every: Some(10),
+            ranks: vec![RankLive {
+                rank: 0,
+                steps: (368..400)
+                    .map(|step| StepPoint {
+                        step,
+                        step_ms: 10.0,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            layers: vec![LayerLive {
+                layer: "fc".into(),
+                rank: 0,
+                history: sampled
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &step)| LayerPoint {
+                        step,
+                        stable_rank: Some(4.0 - i as f64 * 0.1),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }],
+            ..Default::default()
+        };
+        let mut top = Top::new(Vec::new(), 32, None);
+        top.run = Some(run);
+        let mut terminal = Terminal::new(TestBackend::new(240, 40)).unwrap();
+        terminal.draw(|f| view::draw(f, &top.screen())).unwrap();
+        let buffer = terminal.backend().buffer();
+        (0..buffer.area.height)
+            .map(|y| {
+                let line: String = (0..buffer.area.width)
+                    .map(|x| buffer[(x, y)].symbol())
+                    .collect();
+                line + "\n"
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_thin_layer_says_so_instead_of_a_trend() {
+        // The budget let 4 of the 32 planned samples since step 80 in.
+        let text = frame_of_layer(&[80, 160, 240, 390]);
+        assert!(
+            text.contains("28 of 32 planned samples skipped: trends unreliable"),
+            "{text}"
+        );
+        assert!(text.contains("28 of 32 skipped"), "{text}");
+        // Every planned sample in: a trend, no note.
+        let full: Vec<u64> = (0..32).map(|i| 80 + 10 * i).collect();
+        let text = frame_of_layer(&full);
+        assert!(!text.contains("planned samples"), "{text}");
+        assert!(!text.contains("of 32 skipped"), "{text}");
+    }
 }

@@ -17,6 +17,7 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row, Sparkline, Table, Wrap};
 
 use rankscope_collector::live::snapshot::{RankLive, RunSnapshot, StepPoint};
 
+use crate::analysis::coverage::{self, Coverage};
 use crate::analysis::live::Finding;
 
 /// The smallest terminal `top` draws in.
@@ -465,19 +466,40 @@ fn draw_bottom(frame: &mut Frame, area: Rect, run: &RunSnapshot) {
             target,
         );
     }
-    let rows = run.layers.iter().map(|l| {
+    let coverage: Vec<Coverage> = run
+        .layers
+        .iter()
+        .map(|l| coverage::live_layer(l, run))
+        .collect();
+    // The layer with the thinnest series says why in the panel's title; each
+    // thin layer's row says how thin instead of drawing a trend.
+    let thinnest = coverage
+        .iter()
+        .filter(|c| c.note.is_some())
+        .max_by_key(|c| c.skipped.unwrap_or(0));
+    let title = match thinnest.and_then(|c| c.note.as_ref()) {
+        Some(note) => format!(" layers ({}): {note} ", run.layers.len()),
+        None => format!(" layers ({}) ", run.layers.len()),
+    };
+    let rows = run.layers.iter().zip(&coverage).map(|(l, c)| {
         let latest = l.history.last();
         let get = |f: fn(&rankscope_collector::live::snapshot::LayerPoint) -> Option<f64>| {
             latest.and_then(f).map_or("-".into(), |v| format!("{v:.2}"))
         };
         let trend: Vec<f64> = l.history.iter().filter_map(|p| p.stable_rank).collect();
         let trend = &trend[trend.len().saturating_sub(16)..];
-        let spark: String = scaled(trend)
-            .iter()
-            .map(|v| {
-                ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'][((*v - 1) * 8 / 1000).min(7) as usize]
-            })
-            .collect();
+        let spark: String = match (c.trend_reliable, c.planned, c.skipped) {
+            (false, Some(planned), Some(skipped)) if skipped > 0 => {
+                format!("{skipped} of {planned} skipped")
+            }
+            (false, ..) => format!("{} samples", c.measured),
+            _ => scaled(trend)
+                .iter()
+                .map(|v| {
+                    ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'][((*v - 1) * 8 / 1000).min(7) as usize]
+                })
+                .collect(),
+        };
         let nonfinite = latest.map_or(0, |p| p.nonfinite);
         Row::new(vec![
             Cell::from(l.layer.clone()),
@@ -513,7 +535,7 @@ fn draw_bottom(frame: &mut Frame, area: Rect, run: &RunSnapshot) {
                 ])
                 .style(Style::default().add_modifier(Modifier::BOLD)),
             )
-            .block(Block::bordered().title(format!(" layers ({}) ", run.layers.len()))),
+            .block(Block::bordered().title(title)),
         layers_area,
     );
 }
