@@ -19,7 +19,11 @@ pub mod event_kind {
     /// An activation the agent could not read (its element type, its device, its
     /// layout: a sparse, meta or quantized tensor), so no sample of it was taken.
     pub const SAMPLE_UNREADABLE: &str = "sample_unreadable";
-    pub const ALL: [&str; 7] = [
+    /// Planned samples skipped because a share of the overhead budget (`cpu`,
+    /// `device` or `observed`) had no room: sent at the first such skip and whenever
+    /// another share becomes the limit.
+    pub const BUDGET_LIMITED: &str = "budget_limited";
+    pub const ALL: [&str; 8] = [
         ROWS_DROPPED,
         SAMPLES_DROPPED,
         SAMPLES_SKIPPED,
@@ -27,6 +31,7 @@ pub mod event_kind {
         SPILL_DAMAGED,
         NONFINITE_ACTIVATION,
         SAMPLE_UNREADABLE,
+        BUDGET_LIMITED,
     ];
 }
 

@@ -261,6 +261,8 @@ pub fn reference_records(batch: &Batch, run_id: &str, rank: u32) -> Vec<(Table, 
                 cols.u64(rows, |r| r.samples);
                 cols.f64(rows, |r| r.comm_ms);
                 cols.f64(rows, |r| Some(r.overhead_ms));
+                cols.f64(rows, |r| r.overhead_device_ms);
+                cols.f64(rows, |r| r.overhead_observed_ms);
                 cols.u64(rows, |r| r.rss_bytes);
                 cols.u64(rows, |r| r.device_allocated_bytes);
                 cols.u64(rows, |r| r.device_reserved_bytes);

@@ -174,6 +174,8 @@ const STEPS: &[Column] = &[
     opt("samples", 11, U64),
     opt("comm_ms", 17, F64),
     col("overhead_ms", 12, F64),
+    opt("overhead_device_ms", 18, F64),
+    opt("overhead_observed_ms", 19, F64),
     opt("rss_bytes", 13, U64),
     opt("device_allocated_bytes", 14, U64),
     opt("device_reserved_bytes", 15, U64),

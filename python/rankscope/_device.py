@@ -17,6 +17,11 @@ here, in torch operations:
    non-blocking query), the pinned buffers go to the extension, whose metrics thread
    measures them (eigenvalues in float64 on the host, or the sketch).
 
+The side stream's work of each sample lies between two timing events; once both have
+completed, their elapsed time (read without a wait) is the agent's device time: the
+step rows' ``overhead_device_ms`` and the overhead budget's device share. Without a
+stream (a CPU tensor, the extension's tests) the reduction's own time stands in.
+
 No ``synchronize`` runs on the training thread, and no float64 eigen-solver on the
 device. The Gram product runs in float32; where the user allowed TF32 for float32
 products (``torch.set_float32_matmul_precision``, a process-wide switch that the
@@ -62,14 +67,27 @@ def pool_bytes_from_env() -> int:
 
 
 class _Pending:
-    __slots__ = ("token", "event", "health", "gram", "nbytes")
+    __slots__ = ("token", "started", "event", "health", "gram", "nbytes", "device_ns")
 
-    def __init__(self, token: Any, event: Any, health: torch.Tensor, gram: torch.Tensor, nbytes: int):
+    def __init__(
+        self,
+        token: Any,
+        started: Any,
+        event: Any,
+        health: torch.Tensor,
+        gram: torch.Tensor,
+        nbytes: int,
+        device_ns: int = 0,
+    ):
         self.token = token
+        # The timing events around the side stream's work (None without a stream).
+        self.started = started
         self.event = event
         self.health = health
         self.gram = gram
         self.nbytes = nbytes
+        # Without a stream: the reduction's own time.
+        self.device_ns = device_ns
 
 
 class DeviceSide:
@@ -129,24 +147,29 @@ class DeviceSide:
             matrix = matrix.clone()
         if not cuda:
             # The same reduction without a stream (the extension's tests run it on CPU).
+            reducing = perf_counter_ns()
             health, gram = reduce(matrix, centered)
-            self._pending.append(_Pending(token, None, health, gram.float().contiguous(), nbytes))
+            gram = gram.float().contiguous()
+            spent = perf_counter_ns() - reducing
+            self._pending.append(_Pending(token, None, None, health, gram, nbytes, spent))
             self._pending_bytes += nbytes
             return
         stream = self._stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         # 2. The side stream.
         with torch.cuda.stream(stream):
+            started = torch.cuda.Event(enable_timing=True)
+            started.record(stream)
             health, gram = reduce(matrix, centered)
             host_gram = torch.empty((side, side), dtype=torch.float32, pin_memory=True)
             host_gram.copy_(gram.float(), non_blocking=True)
             host_health = torch.empty(5, dtype=torch.float64, pin_memory=True)
             host_health.copy_(health, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=True)
             event.record(stream)
         # The copy was made on the training stream and is read on the side stream.
         matrix.record_stream(stream)
-        self._pending.append(_Pending(token, event, host_health, host_gram, nbytes))
+        self._pending.append(_Pending(token, started, event, host_health, host_gram, nbytes))
         self._pending_bytes += nbytes
 
     def poll(self) -> None:
@@ -168,6 +191,11 @@ class DeviceSide:
 
     def _hand_over(self, item: _Pending) -> None:
         self._pending_bytes -= item.nbytes
+        # Both events have completed: reading their elapsed time does not wait.
+        device_ns = item.device_ns
+        if item.started is not None:
+            device_ns = int(item.started.elapsed_time(item.event) * 1e6)
+        self._native.add_device_ns(device_ns, 1)
         finite, nonfinite, total, total_sq, zeros = item.health.tolist()
         gram = item.gram if nonfinite == 0 else None
         self._native.hand_over_reduced(

@@ -106,6 +106,12 @@ class NativeAgent:
         """Hands over a sample the device side could not reduce (counted as dropped)."""
     def pinned_bytes_held(self) -> int:
         """Bytes of device reductions in pinned memory that the metrics thread holds."""
+    def add_device_ns(self, ns: int, samples: int) -> None:
+        """Adds device time of samples' side-stream work (the next step row's
+        ``overhead_device_ms`` and the budget's device share)."""
+    def _inject_sampled_step_delay(self, ms: float) -> None:
+        """Tests only: sleeps ``ms`` at the end of every sampled step, unseen by the
+        agent's clocks."""
     def profile(
         self,
         parameters: List[Tuple[str, List[int], int, bool, Optional[List[int]]]],

@@ -271,6 +271,27 @@ impl NativeAgent {
         }
     }
 
+    /// Adds `ns` of device time spent on `samples` samples' side-stream work (read
+    /// from its events once they completed): the next step row's
+    /// `overhead_device_ms`, and the budget's device share.
+    fn add_device_ns(&self, ns: u64, samples: u64) {
+        self.agent.add_device_ns(ns, samples);
+    }
+
+    /// Sleeps `ms` at the end of every sampled step from now on, unseen by the agent's
+    /// clocks: a cost only the observed slowdown finds (tests only:
+    /// python/tests/test_budget.py).
+    fn _inject_sampled_step_delay(&self, ms: f64) -> PyResult<()> {
+        if !(ms.is_finite() && (0.0..=60_000.0).contains(&ms)) {
+            return Err(PyValueError::new_err(format!(
+                "delay {ms} ms is not between 0 and 60000"
+            )));
+        }
+        self.agent
+            .inject_sampled_step_delay(std::time::Duration::from_secs_f64(ms / 1e3));
+        Ok(())
+    }
+
     /// Bytes of device reductions in pinned host memory that the metrics thread holds.
     fn pinned_bytes_held(&self) -> u64 {
         self.pinned_held.load(Ordering::Relaxed)

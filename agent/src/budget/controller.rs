@@ -222,15 +222,30 @@ impl BudgetController {
     /// sample and the work still queued will cost the agent; `None` when the cost
     /// is not known yet (no sample taken so far): the sample is taken to learn it.
     pub fn allows(&mut self, at: Duration, now: CpuTimes, expected_ns: Option<u64>) -> bool {
+        self.demand(at, now, expected_ns) <= 1.0
+    }
+
+    /// [`BudgetController::allows`] as a number: the agent's time in the window plus
+    /// `expected_ns`, against the budget's share of the process's time in it (at most
+    /// 1: allowed). 0 when the cost is not known yet or the budget is unlimited.
+    pub fn demand(&mut self, at: Duration, now: CpuTimes, expected_ns: Option<u64>) -> f64 {
         let expected = expected_ns.unwrap_or(0);
         self.mark(at, now, expected);
         if self.budget.is_unlimited() || expected_ns.is_none() {
-            return true;
+            return 0.0;
         }
         let start = self.window_start();
         let process = now.process_ns.saturating_sub(start.process_ns);
         let agent = now.agent_ns.saturating_sub(start.agent_ns);
-        agent.saturating_add(expected) as f64 <= self.budget.fraction() * process as f64
+        let need = agent.saturating_add(expected) as f64;
+        let room = self.budget.fraction() * process as f64;
+        if room > 0.0 {
+            need / room
+        } else if need > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        }
     }
 
     /// The agent's share of the process's CPU time over the current window.

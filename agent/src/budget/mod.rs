@@ -1,9 +1,12 @@
-//! The budget: the agent's own CPU time, measured, and the share of the process's it
-//! may use (`RANKSCOPE_OVERHEAD_BUDGET`).
+//! The budget: the agent's own cost, measured (its CPU time, its device time, and
+//! the slowdown the step times show), and the share of each it may take
+//! (`RANKSCOPE_OVERHEAD_BUDGET`).
 //!
 //! - [`controller`]: [`OverheadBudget`] and the controller that keeps the agent
 //!   within it by taking fewer activation samples (plain arithmetic on CPU times);
 //! - [`cpu_clock`]: the process's and each thread's CPU clock;
+//! - [`observed`]: the observed slowdown, what sampling costs the training's step
+//!   times (plain arithmetic on them);
 //! - `sampler`: the training side's sample gate and counters, which read the clocks
 //!   and ask the controller.
 //!
@@ -13,7 +16,8 @@
 
 pub mod controller;
 pub mod cpu_clock;
+pub mod observed;
 pub(crate) mod sampler;
 
 pub use controller::OverheadBudget;
-pub use sampler::{ActivationSamples, Overhead};
+pub use sampler::{ActivationSamples, Overhead, Share};

@@ -8,16 +8,70 @@
 //! taken, or none. The step is skipped, and counted, when the metrics thread's
 //! queue has no room for a whole step's samples, or to stay within the overhead
 //! budget. A skipped step counts as one skipped step and as many skipped samples as
-//! the last sampled step took. Drops are what is left: a sample libtorch failed to
-//! prepare, or one still queued when `finish` stopped waiting.
+//! the last sampled step took. Drops are what is left: a sample an adapter could not
+//! read, or one still queued when `finish` stopped waiting.
+//!
+//! The budget holds three shares, and a step is sampled only when each has room:
+//! - `cpu`: the agent's CPU time against the process's ([`BudgetController`]);
+//! - `device`: the device time of a sampled step's work (an adapter's side stream,
+//!   timed with its events) against the wall time since the last sampled step;
+//! - `observed`: what a sampled step slows the training by, read off the step times
+//!   ([`Slowdown`]), against the same wall time.
+//!
+//! The last two are a rate: a sampled step costing `c` of either is taken once
+//! `c / budget` of wall time has passed since the last one. The share furthest over
+//! its room is named when a step is skipped.
+//!
+//! The floor: a planned step is sampled whatever the budget says once no step was
+//! for [`FLOOR_STEPS`] steps, unless that would put a share over [`FLOOR_SLACK`]
+//! times its room; a series with one point says nothing.
 
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
+use std::time::Duration;
+
 use super::controller::{BudgetController, CpuTimes, OverheadBudget, SampleCost};
 use super::cpu_clock::{self, ThreadClock, TickClocks};
+use super::observed::Slowdown;
+
+/// A planned step is sampled, whatever the budget, once no step was for this many
+/// steps (within [`FLOOR_SLACK`]).
+pub const FLOOR_STEPS: u64 = 100;
+
+/// The floor's sample is skipped after all where a share would be over this many
+/// times its room.
+pub const FLOOR_SLACK: f64 = 2.5;
+
+/// One of the budget's shares (see the module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Share {
+    Cpu,
+    Device,
+    Observed,
+}
+
+impl Share {
+    /// `cpu`, `device` or `observed`: the share's name in events.
+    pub fn label(self) -> &'static str {
+        match self {
+            Share::Cpu => "cpu",
+            Share::Device => "device",
+            Share::Observed => "observed",
+        }
+    }
+}
+
+/// The budget's decision on a planned step.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Decision {
+    pub take: bool,
+    /// A skip limited by another share than the last skip (or the first skip): the
+    /// share, the planned samples skipped so far and a sentence for people.
+    pub newly_limited: Option<(Share, u64, String)>,
+}
 
 /// Activation samples of one agent (see [`crate::Agent::activation_samples`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,6 +86,13 @@ pub struct ActivationSamples {
     pub skipped: u64,
     /// Of the skipped, those skipped because the queue was full.
     pub skipped_queue_full: u64,
+    /// Of the skipped, those skipped to keep each share of the budget: the agent's
+    /// CPU time, its device time, the observed slowdown (the share furthest over).
+    pub skipped_cpu: u64,
+    pub skipped_device: u64,
+    pub skipped_observed: u64,
+    /// Planned steps sampled by the floor although the budget had no room.
+    pub steps_floor: u64,
     /// Planned steps not sampled (a step is sampled whole or not at all).
     pub steps_skipped: u64,
 }
@@ -52,6 +113,15 @@ pub struct Overhead {
     pub transport_ns: u64,
     /// The whole process's CPU time since the agent started.
     pub process_ns: u64,
+    /// The device time of the agent's sample work (an adapter's side stream), and
+    /// the samples it covers; 0 where there is no device side.
+    pub device_ns: u64,
+    pub device_samples: u64,
+    /// What the sampled steps slowed training by, added up (ms, signed), over how
+    /// many sampled steps, and the median of the recent ones (ms).
+    pub observed_ms: f64,
+    pub observed_steps: u64,
+    pub observed_per_step_ms: Option<f64>,
     /// The one-time set-up of the agent's threads at `init`, left out of
     /// `agent_ns`, `metrics_ns`, `transport_ns` and `process_ns`: the metrics
     /// thread's warm-up (its start included) and the transport thread's start and
@@ -91,6 +161,13 @@ struct Gate {
     /// `taken` when the last planned sample was taken.
     seen_at_take: u64,
     last_taken: bool,
+    /// The last sampled step's index and start (wall time since the sampler
+    /// started); `None` before the first.
+    last_sampled: Option<(u64, Duration)>,
+    /// The share that limited the last skip.
+    last_limit: Option<Share>,
+    /// Whether an event said that the floor was not met.
+    floor_missed: bool,
 }
 
 /// Which readings of the process's and the transport thread's clocks
@@ -124,9 +201,19 @@ pub(crate) struct Sampler {
     handed: AtomicU64,
     /// Samples libtorch failed to prepare, or the queue refused.
     dropped: AtomicU64,
-    skipped_budget: AtomicU64,
+    skipped_cpu: AtomicU64,
+    skipped_device: AtomicU64,
+    skipped_observed: AtomicU64,
     skipped_queue_full: AtomicU64,
     steps_skipped: AtomicU64,
+    steps_floor: AtomicU64,
+    /// The device time of sample work (an adapter's), all of it and since the last
+    /// step row took it, the samples it covers, and whether any was reported.
+    device_ns: AtomicU64,
+    device_row_ns: AtomicU64,
+    device_samples: AtomicU64,
+    device_seen: AtomicBool,
+    slowdown: Mutex<Slowdown>,
     /// The training thread's time on sampled steps' samples (and up to the end of
     /// the first sample alone), and all its time in the agent.
     training_sample_ns: AtomicU64,
@@ -149,6 +236,9 @@ impl Sampler {
                 per_step: 0,
                 seen_at_take: 0,
                 last_taken: false,
+                last_sampled: None,
+                last_limit: None,
+                floor_missed: false,
             }),
             started: Instant::now(),
             process_at_start: cpu_clock::process_ns(),
@@ -161,20 +251,34 @@ impl Sampler {
             taken: AtomicU64::new(0),
             handed: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
-            skipped_budget: AtomicU64::new(0),
+            skipped_cpu: AtomicU64::new(0),
+            skipped_device: AtomicU64::new(0),
+            skipped_observed: AtomicU64::new(0),
             skipped_queue_full: AtomicU64::new(0),
             steps_skipped: AtomicU64::new(0),
+            steps_floor: AtomicU64::new(0),
+            device_ns: AtomicU64::new(0),
+            device_row_ns: AtomicU64::new(0),
+            device_samples: AtomicU64::new(0),
+            device_seen: AtomicBool::new(false),
+            slowdown: Mutex::default(),
             training_sample_ns: AtomicU64::new(0),
             first_sample_ns: AtomicU64::new(0),
             training_ns: AtomicU64::new(0),
         }
     }
 
-    /// At the start of a step with a planned sample: whether it is taken, whole.
-    /// It is when the metrics thread's queue has room for all of the step's samples
-    /// (as many as the last sampled step took; the queue holds `capacity`, or one
-    /// step's samples where a step takes more) and the overhead budget allows them.
-    pub fn decide(&self, capacity: usize) -> bool {
+    /// At the start of planned step `step`: whether it is sampled, whole. It is when
+    /// the metrics thread's queue has room for all of the step's samples (as many as
+    /// the last sampled step took; the queue holds `capacity`, or one step's samples
+    /// where a step takes more) and each share of the budget has room for them, or
+    /// the floor asks for it (see the module).
+    pub fn decide(&self, step: u64, capacity: usize) -> Decision {
+        self.decide_at(step, capacity, self.started.elapsed())
+    }
+
+    /// [`Sampler::decide`] at wall time `at` since the sampler started.
+    fn decide_at(&self, step: u64, capacity: usize, at: Duration) -> Decision {
         let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         let seen = self.taken.load(Ordering::Relaxed);
         if gate.last_taken {
@@ -186,8 +290,76 @@ impl Sampler {
                 .fetch_add(gate.per_step, Ordering::Relaxed);
             self.steps_skipped.fetch_add(1, Ordering::Relaxed);
             gate.last_taken = false;
-            return false;
+            return Decision {
+                take: false,
+                newly_limited: None,
+            };
         }
+        let (demands, detail) = self.demands(&mut gate, at, queued);
+        let (limit, worst) = demands
+            .iter()
+            .copied()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or((Share::Cpu, 0.0));
+        let floor = gate
+            .last_sampled
+            .is_none_or(|(last, _)| step.saturating_sub(last) >= FLOOR_STEPS);
+        let take = worst <= 1.0 || (floor && worst <= FLOOR_SLACK);
+        let mut newly_limited = None;
+        if take {
+            if worst > 1.0 {
+                self.steps_floor.fetch_add(1, Ordering::Relaxed);
+            }
+            gate.seen_at_take = seen;
+            gate.last_sampled = Some((step, at));
+        } else {
+            let counter = match limit {
+                Share::Cpu => &self.skipped_cpu,
+                Share::Device => &self.skipped_device,
+                Share::Observed => &self.skipped_observed,
+            };
+            counter.fetch_add(gate.per_step, Ordering::Relaxed);
+            self.steps_skipped.fetch_add(1, Ordering::Relaxed);
+            let floor_missed = floor && !gate.floor_missed;
+            if gate.last_limit != Some(limit) || floor_missed {
+                gate.last_limit = Some(limit);
+                gate.floor_missed |= floor_missed;
+                let budget = gate.controller.budget();
+                let skipped = self.samples().skipped;
+                let why = &detail[limit as usize];
+                let floor_note = if floor_missed {
+                    format!(
+                        "; no step was sampled in the last {FLOOR_STEPS} steps, and the floor samples one only within {FLOOR_SLACK} times the room"
+                    )
+                } else {
+                    String::new()
+                };
+                newly_limited = Some((
+                    limit,
+                    skipped,
+                    format!(
+                        "planned samples skipped from step {step} to stay within RANKSCOPE_OVERHEAD_BUDGET={budget}: the {} share is {worst:.1} times its room ({why}){floor_note}",
+                        limit.label()
+                    ),
+                ));
+            }
+        }
+        gate.last_taken = take;
+        Decision {
+            take,
+            newly_limited,
+        }
+    }
+
+    /// Each share's demand at wall time `at`: what the next sampled step would take
+    /// against its room (above 1: over the budget), with a sentence on each.
+    fn demands(
+        &self,
+        gate: &mut Gate,
+        at: Duration,
+        queued: u64,
+    ) -> ([(Share, f64); 3], [String; 3]) {
+        let budget = gate.controller.budget();
         let cost = SampleCost {
             taken: self.taken.load(Ordering::Relaxed),
             training_ns: self.training_sample_ns.load(Ordering::Relaxed),
@@ -196,24 +368,98 @@ impl Sampler {
             worker_ns: self.worker.cpu_ns.load(Ordering::Relaxed),
             first_worker_ns: self.worker.first_ns.load(Ordering::Relaxed),
         };
-        let take = match self.cpu_times(Clocks::LastTick) {
-            Some(now) => {
-                let expected = cost.expected_ns(queued, gate.per_step);
-                gate.controller
-                    .allows(self.started.elapsed(), now, expected)
-            }
+        let expected = cost.expected_ns(queued, gate.per_step);
+        let cpu = match self.cpu_times(Clocks::LastTick) {
+            Some(now) => gate.controller.demand(at, now, expected),
             // No process clock: nothing to hold a budget against.
-            None => true,
+            None => 0.0,
         };
-        if take {
-            gate.seen_at_take = seen;
+        let cpu_detail = format!(
+            "a sampled step costs the agent {:.1} ms of CPU time; the share is held over a window of at least {} s",
+            expected.unwrap_or(0) as f64 / 1e6,
+            super::controller::WINDOW.as_secs()
+        );
+        // The rate shares: a sampled step's cost against the budget's part of the
+        // wall time since the last sampled step.
+        let since = gate
+            .last_sampled
+            .map_or(at, |(_, last)| at.saturating_sub(last))
+            .as_secs_f64()
+            * 1e3;
+        let room = budget.fraction() * since;
+        let rate = |cost_ms: f64| {
+            if budget.is_unlimited() || cost_ms <= 0.0 {
+                0.0
+            } else if room > 0.0 {
+                cost_ms / room
+            } else {
+                f64::INFINITY
+            }
+        };
+        let device_samples = self.device_samples.load(Ordering::Relaxed);
+        let device_ms = if device_samples > 0 {
+            self.device_ns.load(Ordering::Relaxed) as f64 / 1e6 / device_samples as f64
+                * gate.per_step.max(1) as f64
         } else {
-            let skipped = gate.per_step;
-            self.skipped_budget.fetch_add(skipped, Ordering::Relaxed);
-            self.steps_skipped.fetch_add(1, Ordering::Relaxed);
-        }
-        gate.last_taken = take;
-        take
+            0.0
+        };
+        let observed_ms = self
+            .slowdown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .per_sample_ms()
+            .unwrap_or(0.0);
+        let rate_detail = |what: &str, ms: f64| {
+            format!(
+                "a sampled step's {what} {ms:.2} ms; {room:.2} ms fit in the {since:.0} ms since the last sampled step"
+            )
+        };
+        (
+            [
+                (Share::Cpu, cpu),
+                (Share::Device, rate(device_ms)),
+                (Share::Observed, rate(observed_ms)),
+            ],
+            [
+                cpu_detail,
+                rate_detail("device work takes", device_ms),
+                rate_detail("slowdown of training is", observed_ms),
+            ],
+        )
+    }
+
+    /// A step ended after `step_ms`, `sampled` or not: its observed slowdown (ms;
+    /// see [`Slowdown`]) and the device time read since the last step ended (ms;
+    /// `None` where no device time was ever reported).
+    pub fn step_ended(&self, step_ms: f64, sampled: bool) -> (Option<f64>, Option<f64>) {
+        let in_flight = self.in_flight() > 0;
+        let observed = self
+            .slowdown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .step(step_ms, sampled, in_flight);
+        let device = self
+            .device_seen
+            .load(Ordering::Relaxed)
+            .then(|| self.device_row_ns.swap(0, Ordering::Relaxed) as f64 / 1e6);
+        (observed, device)
+    }
+
+    /// `ns` of device time spent on `samples` samples (an adapter's side stream).
+    pub fn add_device_ns(&self, ns: u64, samples: u64) {
+        self.device_seen.store(true, Ordering::Relaxed);
+        self.device_ns.fetch_add(ns, Ordering::Relaxed);
+        self.device_row_ns.fetch_add(ns, Ordering::Relaxed);
+        self.device_samples.fetch_add(samples, Ordering::Relaxed);
+    }
+
+    /// Samples taken and not yet done with: being read or reduced by an adapter,
+    /// queued for the metrics thread, or being measured.
+    pub fn in_flight(&self) -> u64 {
+        self.taken
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.dropped.load(Ordering::Relaxed))
+            .saturating_sub(self.worker.done.load(Ordering::Relaxed))
     }
 
     /// Samples handed to the metrics thread and not yet done.
@@ -259,19 +505,33 @@ impl Sampler {
 
     pub fn samples(&self) -> ActivationSamples {
         let skipped_queue_full = self.skipped_queue_full.load(Ordering::Relaxed);
+        let skipped_cpu = self.skipped_cpu.load(Ordering::Relaxed);
+        let skipped_device = self.skipped_device.load(Ordering::Relaxed);
+        let skipped_observed = self.skipped_observed.load(Ordering::Relaxed);
         ActivationSamples {
             taken: self.taken.load(Ordering::Relaxed),
             dropped: self.dropped.load(Ordering::Relaxed)
                 + self.worker.dropped.load(Ordering::Relaxed),
-            skipped: self.skipped_budget.load(Ordering::Relaxed) + skipped_queue_full,
+            skipped: skipped_cpu + skipped_device + skipped_observed + skipped_queue_full,
             skipped_queue_full,
+            skipped_cpu,
+            skipped_device,
+            skipped_observed,
             steps_skipped: self.steps_skipped.load(Ordering::Relaxed),
+            steps_floor: self.steps_floor.load(Ordering::Relaxed),
         }
     }
 
     pub fn overhead(&self) -> Overhead {
         let now = self.cpu_times(Clocks::Now).unwrap_or_default();
+        let slowdown = self.slowdown.lock().unwrap_or_else(|e| e.into_inner());
+        let (observed_ms, observed_steps) = slowdown.total();
         Overhead {
+            device_ns: self.device_ns.load(Ordering::Relaxed),
+            device_samples: self.device_samples.load(Ordering::Relaxed),
+            observed_ms,
+            observed_steps,
+            observed_per_step_ms: slowdown.per_sample_ms(),
             budget: self.budget(),
             agent_ns: now.agent_ns,
             training_ns: self.training_ns.load(Ordering::Relaxed),
@@ -375,9 +635,9 @@ mod tests {
             );
             let layers = 1 + next(40);
             let (mut admitted, mut refused) = (0, 0);
-            for _step in 0..300 {
+            for step in 0..300 {
                 let before = sampler.queued();
-                if sampler.decide(CAPACITY) {
+                if sampler.decide(step, CAPACITY).take {
                     admitted += 1;
                     for _ in 0..layers {
                         sampler.taken();
@@ -400,5 +660,113 @@ mod tests {
             assert_eq!(samples.steps_skipped, refused);
             assert!(admitted > 0);
         }
+    }
+
+    /// A run on synthetic wall time: 10 ms a step, a planned sample every 10 steps
+    /// of 4 layers, each sample's device work `device_ms`, measured at once. Returns
+    /// the sampled steps and the sampler.
+    fn run_with_device_cost(budget: &str, device_ms: f64, steps: u64) -> (Vec<u64>, Sampler) {
+        let sampler = Sampler::new(
+            OverheadBudget::parse(budget).unwrap(),
+            None,
+            Arc::default(),
+            Arc::default(),
+        );
+        let mut sampled = Vec::new();
+        let mut limits = Vec::new();
+        for step in (0..steps).step_by(10) {
+            let at = Duration::from_millis(10 * step);
+            let decision = sampler.decide_at(step, 16, at);
+            if let Some((share, _, message)) = &decision.newly_limited {
+                assert!(message.contains(share.label()), "{message}");
+                limits.push(*share);
+            }
+            if decision.take {
+                sampled.push(step);
+                for _ in 0..4 {
+                    sampler.taken();
+                    sampler.handed(true);
+                }
+                sampler.add_device_ns((device_ms * 4e6) as u64, 4);
+                sampler.worker.done.fetch_add(4, Ordering::Relaxed);
+            }
+        }
+        // One event when the device share first limits, and one when the floor is
+        // first missed; none after.
+        assert!(limits.len() <= 2 && limits.iter().all(|&s| s == Share::Device));
+        (sampled, sampler)
+    }
+
+    #[test]
+    fn the_device_share_holds_a_sampled_steps_device_time_to_the_budget() {
+        // 4 × 0.5 ms a sampled step, against 2 % of 100 ms: every one fits.
+        let (sampled, _) = run_with_device_cost("2%", 0.5, 1000);
+        assert_eq!(sampled.len(), 100);
+        // 4 × 1.5 ms = 6 ms: 300 ms of steps pay for one, so every third.
+        let (sampled, s) = run_with_device_cost("2%", 1.5, 3000);
+        assert!(sampled.windows(2).all(|w| w[1] - w[0] == 30), "{sampled:?}");
+        let samples = s.samples();
+        assert_eq!(samples.skipped, samples.skipped_device);
+        assert_eq!(samples.skipped_device, 4 * 2 * 99 + 4 * 2);
+        assert_eq!(samples.steps_floor, 0);
+    }
+
+    #[test]
+    fn the_floor_samples_every_hundred_steps_within_five_times_the_budget() {
+        // 4 × 10 ms = 40 ms: the budget alone would take one every 200 steps; the
+        // floor takes one every 100 (twice the budget's room, within 2.5 times).
+        let (sampled, s) = run_with_device_cost("2%", 10.0, 2000);
+        assert!(
+            sampled.windows(2).all(|w| w[1] - w[0] == FLOOR_STEPS),
+            "{sampled:?}"
+        );
+        assert_eq!(s.samples().steps_floor, 19);
+        // 4 × 50 ms = 200 ms: ten times the room at 100 steps, over the slack; one
+        // every 400 steps, where 2.5 times the room pays for it (the budget alone:
+        // one every 1,000).
+        let (sampled, s) = run_with_device_cost("2%", 50.0, 2000);
+        assert_eq!(sampled, vec![0, 400, 800, 1200, 1600]);
+        assert_eq!(s.samples().steps_floor, 4);
+    }
+
+    #[test]
+    fn the_observed_share_skips_samples_and_says_so() {
+        let sampler = Sampler::new(
+            OverheadBudget::DEFAULT,
+            None,
+            Arc::default(),
+            Arc::default(),
+        );
+        let mut limited = None;
+        let mut sampled = 0;
+        for step in 0..1000u64 {
+            let at = Duration::from_millis(10 * step);
+            let take = step % 10 == 0 && {
+                let d = sampler.decide_at(step, 16, at);
+                limited = limited.or(d.newly_limited);
+                d.take
+            };
+            if take {
+                sampled += 1;
+                sampler.taken();
+                sampler.handed(true);
+                sampler.worker.done.fetch_add(1, Ordering::Relaxed);
+            }
+            // A sampled step takes 10 ms more than the 10 ms of the others: 10 %
+            // of the time at every 10 steps, five times the budget.
+            let (observed, device) = sampler.step_ended(if take { 20.0 } else { 10.0 }, take);
+            assert_eq!(device, None);
+            if take && step >= 100 {
+                assert_eq!(observed, Some(10.0));
+            }
+        }
+        let (share, skipped, message) = limited.expect("a budget_limited event");
+        assert_eq!(share, Share::Observed);
+        assert!(skipped >= 1 && message.contains("observed"), "{message}");
+        // 10 ms a sampled step fits in 500 ms of steps at 2 %: one every 50.
+        assert!((18..=24).contains(&sampled), "{sampled}");
+        let o = sampler.overhead();
+        assert_eq!(o.observed_per_step_ms, Some(10.0));
+        assert!(sampler.samples().skipped_observed > 0);
     }
 }

@@ -294,6 +294,28 @@ impl Agent {
             .map_or(ActivationSamples::default(), |r| r.sampler.samples())
     }
 
+    /// Adds `ns` of device time spent on `samples` samples' work (an adapter's side
+    /// stream, timed with its events once they completed): in the next step row's
+    /// `overhead_device_ms` and in the budget's device share. Callable from any
+    /// thread.
+    pub fn add_device_ns(&self, ns: u64, samples: u64) {
+        if let Some(recorder) = &self.recorder {
+            recorder.sampler.add_device_ns(ns, samples);
+        }
+    }
+
+    /// Adds `delay` to every sampled step from now on, as a sleep at its end that the
+    /// agent's clocks do not see: a cost only the observed slowdown can find. For
+    /// tests of the budget and its reports; never set in training.
+    pub fn inject_sampled_step_delay(&self, delay: std::time::Duration) {
+        if let Some(recorder) = &self.recorder {
+            let ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+            recorder
+                .injected_delay_ns
+                .store(ns, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Samples handed to the metrics thread and not yet measured.
     pub fn queued_samples(&self) -> u64 {
         self.recorder.as_ref().map_or(0, |r| r.sampler.queued())

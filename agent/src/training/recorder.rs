@@ -16,7 +16,7 @@ use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES};
 
 use super::comm::{self, CommTally};
 use super::memory::{DeviceBytes, DeviceMemory, RssReader};
-use crate::budget::sampler::Sampler;
+use crate::budget::sampler::{Overhead, Sampler};
 use crate::config::AgentConfig;
 use crate::rows::now_us;
 use crate::sampling::buffers::SampleBuffers;
@@ -62,6 +62,9 @@ pub(crate) struct Recorder {
     /// Nanoseconds the agent spent on the training thread since the last step row
     /// took them.
     pub(crate) overhead_ns: AtomicU64,
+    /// A delay added to every sampled step, unseen by the agent's clocks
+    /// ([`crate::Agent::inject_sampled_step_delay`], tests only).
+    pub(crate) injected_delay_ns: AtomicU64,
     /// Collectives completed since a step last took them (the `comm` table).
     pub(crate) comm: CommTally,
     pub(crate) rss: RssReader,
@@ -159,6 +162,7 @@ impl Recorder {
             sampling: AtomicBool::new(false),
             step: AtomicU64::new(0),
             overhead_ns: AtomicU64::new(0),
+            injected_delay_ns: AtomicU64::new(0),
             comm: CommTally::default(),
             rss: RssReader::default(),
             device_memory: Mutex::new(None),
@@ -394,8 +398,14 @@ impl Recorder {
             rows.push(event(
                 crate::rows::event_kind::SAMPLES_SKIPPED,
                 format!(
-                    "planned activation samples not taken: {by_budget} to stay within RANKSCOPE_OVERHEAD_BUDGET={budget}, {} because the metrics queue was full; {} planned steps skipped, each whole (a step is sampled at every layer or at none)",
-                    samples.skipped_queue_full, samples.steps_skipped
+                    "planned activation samples not taken: {by_budget} to stay within RANKSCOPE_OVERHEAD_BUDGET={budget} (cpu {}, device {}, observed {}: the share furthest over its room), {} because the metrics queue was full; {} planned steps skipped, each whole (a step is sampled at every layer or at none); {} steps sampled by the floor (one every {} steps) over the budget",
+                    samples.skipped_cpu,
+                    samples.skipped_device,
+                    samples.skipped_observed,
+                    samples.skipped_queue_full,
+                    samples.steps_skipped,
+                    samples.steps_floor,
+                    crate::budget::sampler::FLOOR_STEPS,
                 ),
                 samples.skipped,
             ));
@@ -404,7 +414,7 @@ impl Recorder {
             rows.push(event(
                 crate::rows::event_kind::OVERHEAD_SHARE,
                 format!(
-                    "the agent used {:.1} ms (training thread {:.1}, metrics thread {:.1}, transport thread {:.1}) of the process's {:.1} ms of CPU time ({:.2} %; budget {budget}); the agent's threads' set-up at init ({:.1} ms: the metrics thread's warm-up, the transport thread's start and first connection) is left out of both; value in millionths",
+                    "the agent used {:.1} ms (training thread {:.1}, metrics thread {:.1}, transport thread {:.1}) of the process's {:.1} ms of CPU time ({:.2} %; budget {budget}); the agent's threads' set-up at init ({:.1} ms: the metrics thread's warm-up, the transport thread's start and first connection) is left out of both; value in millionths. {}. {}",
                     overhead.agent_ns as f64 / 1e6,
                     overhead.training_ns as f64 / 1e6,
                     overhead.metrics_ns as f64 / 1e6,
@@ -412,6 +422,8 @@ impl Recorder {
                     overhead.process_ns as f64 / 1e6,
                     share * 100.0,
                     overhead.set_up_ns as f64 / 1e6,
+                    device_sentence(&overhead),
+                    observed_sentence(&overhead),
                 ),
                 (share * 1e6).round() as u64,
             ));
@@ -445,6 +457,29 @@ impl Recorder {
             value,
             step: Some(self.step.load(Ordering::Relaxed)),
         }));
+    }
+}
+
+/// The device time of the `overhead_share` event's message.
+fn device_sentence(o: &Overhead) -> String {
+    if o.device_samples == 0 {
+        return "No device time (no device side)".into();
+    }
+    format!(
+        "Device time of the agent's sample work: {:.1} ms over {} samples",
+        o.device_ns as f64 / 1e6,
+        o.device_samples
+    )
+}
+
+/// The observed slowdown of the `overhead_share` event's message.
+fn observed_sentence(o: &Overhead) -> String {
+    match o.observed_per_step_ms {
+        Some(median) => format!(
+            "Observed slowdown: {:.1} ms over {} sampled steps (recent median {median:.2} ms a sampled step)",
+            o.observed_ms, o.observed_steps
+        ),
+        None => "Observed slowdown: not measured (too few steps without sample work)".into(),
     }
 }
 

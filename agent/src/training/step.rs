@@ -93,9 +93,17 @@ impl StepGuard {
             // A planned sample is taken only if the overhead budget has room for it.
             let sampled = planned && {
                 let deciding = Instant::now();
-                let take = inner.sampler.decide(WORKER_QUEUE);
+                let decision = inner.sampler.decide(step, WORKER_QUEUE);
+                if let Some((_, skipped, message)) = decision.newly_limited {
+                    let value = i64::try_from(skipped).unwrap_or(i64::MAX);
+                    inner.event(
+                        crate::rows::event_kind::BUDGET_LIMITED,
+                        &message,
+                        Some(value),
+                    );
+                }
                 inner.add_overhead(deciding);
-                take
+                decision.take
             };
             inner.sampling.store(sampled, Ordering::Relaxed);
         }
@@ -187,11 +195,19 @@ impl StepGuard {
         let Some(inner) = &self.recorder else {
             return;
         };
+        let sampled = inner.sampling.load(Ordering::Relaxed);
+        let delay = inner.injected_delay_ns.load(Ordering::Relaxed);
+        if sampled && delay > 0 {
+            // A cost the agent's clocks do not see (tests of the observed slowdown).
+            std::thread::sleep(std::time::Duration::from_nanos(delay));
+        }
         let mut row = self.row.borrow_mut();
         row.step_ms = self.started.elapsed().as_secs_f64() * 1e3;
         let own = Instant::now();
         comm::merge(&mut self.comm.borrow_mut(), &inner.comm.take());
         inner.sampling.store(false, Ordering::Relaxed);
+        (row.overhead_observed_ms, row.overhead_device_ms) =
+            inner.sampler.step_ended(row.step_ms, sampled);
         let (rss, device) = inner.memory();
         row.time = now_us();
         row.rss_bytes = rss;

@@ -187,6 +187,8 @@ fn simulate_rank(
             lr: Some(3e-4),
             samples: Some(256),
             overhead_ms: 0.02,
+            overhead_device_ms: Some(0.05),
+            overhead_observed_ms: None,
             rss_bytes: Some(4 << 30),
             device_allocated_bytes: Some(20 << 30),
             device_reserved_bytes: Some(24 << 30),

@@ -90,6 +90,8 @@ fn random_batch(rng: &mut Rng) -> Batch {
             lr: rng.opt(Rng::f64),
             samples: rng.opt(Rng::u64),
             overhead_ms: rng.f64(),
+            overhead_device_ms: rng.opt(Rng::f64),
+            overhead_observed_ms: rng.opt(Rng::f64),
             rss_bytes: rng.opt(Rng::u64),
             device_allocated_bytes: rng.opt(Rng::u64),
             device_reserved_bytes: rng.opt(Rng::u64),
