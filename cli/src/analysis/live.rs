@@ -42,6 +42,8 @@ pub fn run_data(snapshot: &RunSnapshot) -> RunData {
             optimizer_ms: s.optimizer_ms,
             comm_ms: s.comm_ms,
             overhead_ms: s.overhead_ms,
+            overhead_device_ms: s.overhead_device_ms,
+            overhead_observed_ms: s.overhead_observed_ms,
             loss: s.loss,
             grad_norm: s.grad_norm,
             rss_bytes: s.rss_bytes,
@@ -57,6 +59,7 @@ pub fn run_data(snapshot: &RunSnapshot) -> RunData {
             effective_rank: p.effective_rank,
             zero_fraction: p.zero_fraction,
             nonfinite: p.nonfinite,
+            compute_ms: None,
         }));
     }
     run

@@ -144,6 +144,13 @@ pub struct StepPoint {
     #[serde(skip)]
     pub comm_from_table: bool,
     pub overhead_ms: f64,
+    /// The agent's device time read in this step; absent on CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_device_ms: Option<f64>,
+    /// The step's observed slowdown, on sampled steps and the steps their work
+    /// was in flight (signed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_observed_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
