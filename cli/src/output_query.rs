@@ -26,6 +26,7 @@ use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use rankscope_collector::output::{DeltaRoot, Output};
 use rankscope_collector::table::{self, Table};
 
+use crate::analysis::agent_cost::{self, AgentCost};
 use crate::analysis::diagnoses::{self, EventRecord, LayerRecord, RankInfo, RunData, StepRecord};
 
 /// The collector's output directory, open for SQL.
@@ -288,6 +289,34 @@ impl Dataset {
             }
         }
         Ok(out)
+    }
+
+    /// Per rank of `run_id`, what the agent cost it on each share of its budget
+    /// ([`crate::analysis::agent_cost`]), from its `steps` rows.
+    pub fn agent_costs(&self, run_id: &str) -> anyhow::Result<BTreeMap<u32, AgentCost>> {
+        let mut steps = Vec::new();
+        for b in &self.sql(&format!(
+            "SELECT CAST(rank AS BIGINT) AS rank, step_ms, overhead_ms,
+                    overhead_device_ms, overhead_observed_ms
+             FROM steps WHERE run_id = {}",
+            literal(run_id)
+        ))? {
+            let rank = ints(b, "rank")?;
+            let (step_ms, over) = (floats(b, "step_ms")?, floats(b, "overhead_ms")?);
+            let device = floats(b, "overhead_device_ms")?;
+            let observed = floats(b, "overhead_observed_ms")?;
+            for i in 0..b.num_rows() {
+                steps.push(StepRecord {
+                    rank: rank[i].unwrap_or_default() as u32,
+                    step_ms: step_ms[i].unwrap_or_default(),
+                    overhead_ms: over[i].unwrap_or_default(),
+                    overhead_device_ms: device[i],
+                    overhead_observed_ms: observed[i],
+                    ..StepRecord::default()
+                });
+            }
+        }
+        Ok(agent_cost::rank_costs(&steps))
     }
 
     /// The rows of `run_id` that the diagnoses read.

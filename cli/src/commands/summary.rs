@@ -36,6 +36,10 @@ struct RankStats {
     steps: i64,
     step_ms: Option<f64>,
     overhead_pct: Option<f64>,
+    /// The agent's device and observed cost, fractions of step time
+    /// (`analysis::agent_cost`).
+    device: Option<f64>,
+    observed: Option<f64>,
     cpu_pct: Option<f64>,
     comm_ms: Option<f64>,
     samples_dropped: i64,
@@ -72,27 +76,53 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
         s.samples_skipped = e.samples_skipped;
         s.cpu_pct = e.cpu_pct();
     }
+    for (rank, c) in data.agent_costs(run_id)? {
+        let s = ranks.entry(i64::from(rank)).or_default();
+        s.device = c.device;
+        s.observed = c.observed;
+    }
+    // The device column only where a rank has device figures (a GPU run of
+    // the Python package): elsewhere it would be a column of dashes.
+    let with_device = ranks.values().any(|s| s.device.is_some());
     let mut text = format!("run {run_id}\n\n");
-    text += "rank   steps   mean step ms   mean comm ms   overhead %   agent cpu %   samples skipped   samples dropped\n";
+    text += "rank   steps   mean step ms   mean comm ms   overhead %   observed %";
+    if with_device {
+        text += "   device %";
+    }
+    text += "   agent cpu %   samples skipped   samples dropped\n";
     let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    let pct = |v: Option<f64>| show(v.map(|v| 100.0 * v));
     for (rank, s) in &ranks {
         text += &format!(
-            "{rank:>4}   {:>5}   {:>12}   {:>12}   {:>10}   {:>11}   {:>15}   {:>15}\n",
+            "{rank:>4}   {:>5}   {:>12}   {:>12}   {:>10}   {:>10}",
             s.steps,
             show(s.step_ms),
             show(s.comm_ms),
             show(s.overhead_pct),
+            pct(s.observed),
+        );
+        if with_device {
+            text += &format!("   {:>8}", pct(s.device));
+        }
+        text += &format!(
+            "   {:>11}   {:>15}   {:>15}\n",
             show(s.cpu_pct),
             s.samples_skipped,
             s.samples_dropped
         );
     }
     text += "(overhead %: the agent's time on the training thread as a share of step time; \
-             agent cpu %: the agent's share of the process's CPU time, reported when it finished)\n";
+             observed %: the step time that sampling cost, the median overhead_observed_ms of the \
+             steps that carry one times their count, as a share of step time;";
+    if with_device {
+        text += " device %: the agent's device time as a share of step time;";
+    }
+    text +=
+        " agent cpu %: the agent's share of the process's CPU time, reported when it finished)\n";
     if let Some(budget) = data.overhead_budget(run_id)? {
         text += &format!(
-            "(the run's overhead budget is {} of each process's CPU time, RANKSCOPE_OVERHEAD_BUDGET; \
-             the agent_overhead diagnosis holds both shares to it)\n",
+            "(the run's overhead budget is {} on each share: cpu, device and observed, \
+             RANKSCOPE_OVERHEAD_BUDGET; the agent_overhead diagnosis holds them to it)\n",
             crate::analysis::diagnoses::budget_percent(budget)
         );
     }
@@ -103,7 +133,7 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
         text += "(samples dropped: taken but not measured, e.g. libtorch failed to prepare them; see the events table)\n";
     }
     if ranks.values().any(|s| s.samples_skipped > 0) {
-        text += "(samples skipped: planned samples the agent's CPU budget had no room for; see RANKSCOPE_OVERHEAD_BUDGET)\n";
+        text += "(samples skipped: planned samples the agent's overhead budget had no room for; see RANKSCOPE_OVERHEAD_BUDGET)\n";
     }
     // Per layer, in the order of first sampling: the mean over ranks of the
     // stable and effective rank at the first and last step with finite values.
@@ -306,6 +336,129 @@ mod tests {
             text.contains("2 samples: too few for a trend (at least 5)"),
             "{text}"
         );
+    }
+
+    /// Two ranks of 100 steps of 100 ms, sampled every 10 steps with a budget
+    /// of 2 %: 0.1 ms a step on the training thread; the sampled steps and the
+    /// step after each 5 ms slower (observed), one of them also 2 s slower for
+    /// a checkpoint. Rank 1 has device figures, 2 ms a sampled step; rank 0
+    /// none (CPU).
+    fn costed_run() -> tempfile::TempDir {
+        use arrow::array::UInt64Array;
+        let out = tempfile::tempdir().unwrap();
+        write(
+            out.path(),
+            "runs",
+            vec![
+                ("rank", Arc::new(UInt32Array::from(vec![0]))),
+                ("sample_every", Arc::new(UInt32Array::from(vec![10]))),
+                ("mode", Arc::new(StringArray::from(vec!["full"]))),
+                ("workload", Arc::new(StringArray::from(vec![""]))),
+                ("overhead_budget", Arc::new(Float64Array::from(vec![0.02]))),
+            ],
+        );
+        let (mut rank, mut step, mut step_ms) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut device, mut observed) = (Vec::new(), Vec::new());
+        for r in 0..2u32 {
+            for s in 0..100u64 {
+                let spanned = s % 10 < 2;
+                let checkpoint = if s == 50 { 2000.0 } else { 0.0 };
+                rank.push(r);
+                step.push(s);
+                step_ms.push(100.0 + if spanned { 5.0 } else { 0.0 } + checkpoint);
+                observed.push(spanned.then_some(5.0 + checkpoint));
+                device.push((r == 1).then_some(if s % 10 == 0 { 2.0 } else { 0.0 }));
+            }
+        }
+        write(
+            out.path(),
+            "steps",
+            vec![
+                ("rank", Arc::new(UInt32Array::from(rank))),
+                ("step", Arc::new(UInt64Array::from(step))),
+                ("step_ms", Arc::new(Float64Array::from(step_ms))),
+                ("overhead_ms", Arc::new(Float64Array::from(vec![0.1; 200]))),
+                ("overhead_device_ms", Arc::new(Float64Array::from(device))),
+                (
+                    "overhead_observed_ms",
+                    Arc::new(Float64Array::from(observed)),
+                ),
+            ],
+        );
+        out
+    }
+
+    #[test]
+    fn the_agents_observed_and_device_cost_per_rank() {
+        let out = costed_run();
+        let text = summarise(out.path(), "r").unwrap();
+        // Σ step_ms = 100 × 100 + 20 × 5 + 2000 = 12,100 ms. Observed: median
+        // 5 ms × 20 steps = 100 ms, 0.826 % (a plain sum, 2,100 ms, would read
+        // 17 %); device: 10 × 2 ms, 0.165 %; host: 10 ms, 0.083 %.
+        assert!(
+            text.contains("overhead %   observed %   device %   agent cpu %"),
+            "{text}"
+        );
+        assert!(
+            text.contains("     0.083        0.826          -"),
+            "rank 0 has no device figures: {text}"
+        );
+        assert!(
+            text.contains("     0.083        0.826      0.165"),
+            "{text}"
+        );
+        assert!(
+            text.contains("2% on each share: cpu, device and observed"),
+            "{text}"
+        );
+
+        // Without device figures on any rank, no device column.
+        let cpu = sampled_run(&[0, 390]);
+        let text = summarise(cpu.path(), "r").unwrap();
+        assert!(
+            text.contains("overhead %   observed %   agent cpu %"),
+            "{text}"
+        );
+        assert!(!text.contains("device %"), "{text}");
+    }
+
+    #[test]
+    fn the_report_shows_each_share_beside_the_budget() {
+        use crate::commands::report;
+        let out = costed_run();
+        let (r, data) = report::build(&Dataset::open(out.path()).unwrap(), Some("r")).unwrap();
+        let json = serde_json::to_value(&r).unwrap();
+        let rank = |i: usize, k: &str| json["ranks"][i][k].as_f64();
+        assert_eq!(rank(0, "device_pct"), None);
+        assert!((rank(1, "device_pct").unwrap() - 2000.0 / 12_100.0).abs() < 1e-9);
+        assert!((rank(1, "observed_pct").unwrap() - 10_000.0 / 12_100.0).abs() < 1e-9);
+        assert_eq!(json["ranks"][1]["observed_steps"], 20);
+        let page = report::html::page(&r, &data).unwrap();
+        assert!(
+            page.contains("<th>device %</th><th>observed %</th>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<tr><td>1</td><td>0.08</td><td>0.17</td><td>0.83</td><td>20</td>"),
+            "{page}"
+        );
+        assert!(page.contains("overhead budget: 2% of each process's CPU time"));
+        assert!(!page.contains("class=\"over\""), "all within 2 %");
+        // The observed share over the budget: marked, and the diagnosis names it.
+        let budget_1 = report::json_summary::Report {
+            run: report::json_summary::Run {
+                overhead_budget: Some(0.005),
+                ..r.run.clone()
+            },
+            ..r.clone()
+        };
+        let page = report::html::page(&budget_1, &data).unwrap();
+        assert!(page.contains("<td class=\"over\">0.83</td>"), "{page}");
+        let d = r
+            .diagnoses
+            .iter()
+            .find(|d| d.evidence.kind() == "agent_overhead");
+        assert!(d.is_none(), "within the run's 2 %: {d:?}");
     }
 
     /// A run of 400 steps sampled every 10, of which the budget let `kept`

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::analysis::agent_cost;
 use crate::analysis::coverage::{self, Coverage};
 use crate::analysis::diagnoses::{self, Diagnosis, RunData, Thresholds};
 use crate::analysis::jumps::{self, Jump, JumpConfig};
@@ -90,6 +91,18 @@ pub struct RankSummary {
     /// in reports written before it was added.
     #[serde(default)]
     pub cpu_pct: Option<f64>,
+    /// Σ overhead_device_ms / Σ step_ms, in percent: the agent's device time;
+    /// absent where the rank recorded none (CPU) and in older reports.
+    #[serde(default)]
+    pub device_pct: Option<f64>,
+    /// The observed slowdown, in percent of step time: median
+    /// overhead_observed_ms × `observed_steps` / Σ step_ms
+    /// (`analysis::agent_cost`); absent where no step has a value.
+    #[serde(default)]
+    pub observed_pct: Option<f64>,
+    /// Steps with an overhead_observed_ms value.
+    #[serde(default)]
+    pub observed_steps: u64,
     pub peak_rss_bytes: Option<u64>,
     pub peak_device_allocated_bytes: Option<u64>,
     pub samples_dropped: i64,
@@ -247,6 +260,7 @@ fn rank_summaries(
     let events = dataset.rank_events(run_id)?;
     let mut comm = comm_by_rank(dataset, &id)?;
     let spread = phase_mads(dataset, &id)?;
+    let costs = agent_cost::rank_costs(&data.steps);
     let mut out = Vec::new();
     for b in &dataset.sql(&select)? {
         let (rank, steps) = (ints(b, "rank")?, ints(b, "steps")?);
@@ -286,6 +300,7 @@ fn rank_summaries(
                 }
             }
             let e = events.get(&r).copied().unwrap_or_default();
+            let cost = costs.get(&(r as u32)).cloned().unwrap_or_default();
             out.push(RankSummary {
                 rank: r as u32,
                 node_rank: info.map_or(0, |x| x.node_rank),
@@ -294,6 +309,9 @@ fn rank_summaries(
                 phases,
                 overhead_pct: overhead[i],
                 cpu_pct: e.cpu_pct(),
+                device_pct: cost.device.map(|d| 100.0 * d),
+                observed_pct: cost.observed.map(|o| 100.0 * o),
+                observed_steps: cost.observed_steps as u64,
                 peak_rss_bytes: rss[i].map(|v| v as u64),
                 peak_device_allocated_bytes: dev[i].map(|v| v as u64),
                 samples_dropped: e.samples_dropped,
