@@ -1,103 +1,30 @@
-//! What the agent cost a rank, per share of the overhead budget (docs/metrics.md,
-//! "Which steps are sampled"), from its `steps` rows: one rule that `summary`,
-//! `report`, `top`, the live page and the `agent_overhead` diagnosis share.
-//!
-//! - host: Σ `overhead_ms` / Σ `step_ms`, the agent's time on the training thread;
-//! - device: Σ `overhead_device_ms` / Σ `step_ms`, absent where every row is null
-//!   (CPU tensors, a tch program);
-//! - observed: median(`overhead_observed_ms`) × (steps that have it) / Σ `step_ms`.
-//!
-//! The observed figure is a robust sum. Each of its values is a step's time less a
-//! running median, so it carries the step-to-step noise of the run and, now and
-//! then, a step that was slow for another reason (a checkpoint, a collective that
-//! waited on a peer, the allocator). A plain sum adds such a step whole: one
-//! checkpoint of 2 s on a sampled step of a run of 100 ms steps reads as a
-//! slowdown of 2 s. The median of the values is the typical slowdown of a step in
-//! a sampled span, and times the number of such steps it estimates their sum
-//! without the outliers; it is what the agent's budget reads too (the median of
-//! the recent sampled steps' costs). Its noise falls with the count, so below
-//! [`MIN_OBSERVED_STEPS`] values the figure is shown but held to no budget.
+//! What the agent cost each rank of a run, per share of its overhead budget:
+//! the live view's rule ([`rankscope_collector::live::cost`], where the observed
+//! figure's robust sum is explained) over the rows the diagnoses read, so
+//! `summary`, `report`, `top`, the live page and `agent_overhead` agree.
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+pub use rankscope_collector::live::cost::{AgentCost, CostRow, MIN_OBSERVED_STEPS};
 
 use super::diagnoses::StepRecord;
-use super::stats::median;
 
-/// Steps with an `overhead_observed_ms` value below which the observed share
-/// is too noisy to hold to the budget.
-pub const MIN_OBSERVED_STEPS: usize = 5;
-
-/// One rank's cost, as fractions of its step time.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct AgentCost {
-    /// Steps counted, and Σ `step_ms` over them.
-    pub steps: usize,
-    pub step_ms: f64,
-    /// Σ `overhead_ms` / Σ `step_ms`.
-    pub host: f64,
-    /// Σ `overhead_device_ms` / Σ `step_ms`; `None` when no step has a value.
-    pub device: Option<f64>,
-    /// median(`overhead_observed_ms`) × `observed_steps` / Σ `step_ms`; `None`
-    /// when no step has a value. Signed: a span of sampled steps can run faster
-    /// than the median of the others.
-    pub observed: Option<f64>,
-    /// Steps with an `overhead_observed_ms` value.
-    pub observed_steps: usize,
-}
-
-impl AgentCost {
-    /// The cost over `steps` (one rank's rows, any order). Rows with no
-    /// positive finite `step_ms` are left out.
-    pub fn of<'a>(steps: impl IntoIterator<Item = &'a StepRecord>) -> AgentCost {
-        let (mut n, mut step_ms, mut host) = (0, 0.0, 0.0);
-        let mut device: Option<f64> = None;
-        let mut observed = Vec::new();
-        for s in steps {
-            if !(s.step_ms.is_finite() && s.step_ms > 0.0) {
-                continue;
-            }
-            n += 1;
-            step_ms += s.step_ms;
-            host += s.overhead_ms;
-            if let Some(d) = s.overhead_device_ms.filter(|d| d.is_finite()) {
-                *device.get_or_insert(0.0) += d;
-            }
-            if let Some(o) = s.overhead_observed_ms.filter(|o| o.is_finite()) {
-                observed.push(o);
-            }
+impl From<&StepRecord> for CostRow {
+    fn from(s: &StepRecord) -> CostRow {
+        CostRow {
+            step_ms: s.step_ms,
+            overhead_ms: s.overhead_ms,
+            overhead_device_ms: s.overhead_device_ms,
+            overhead_observed_ms: s.overhead_observed_ms,
         }
-        if n == 0 {
-            return AgentCost::default();
-        }
-        AgentCost {
-            steps: n,
-            step_ms,
-            host: host / step_ms,
-            device: device.map(|d| d / step_ms),
-            observed: median(&observed).map(|m| m * observed.len() as f64 / step_ms),
-            observed_steps: observed.len(),
-        }
-    }
-
-    /// The shares held to a budget, by name (`cpu` is the host share here;
-    /// the observed share only from [`MIN_OBSERVED_STEPS`] values on).
-    pub fn shares(&self) -> Vec<(&'static str, f64)> {
-        let mut out = vec![("cpu", self.host)];
-        out.extend(self.device.map(|d| ("device", d)));
-        if self.observed_steps >= MIN_OBSERVED_STEPS {
-            out.extend(self.observed.map(|o| ("observed", o)));
-        }
-        out
     }
 }
 
 /// [`AgentCost::of`] per rank.
 pub fn rank_costs(steps: &[StepRecord]) -> BTreeMap<u32, AgentCost> {
-    let mut by_rank: BTreeMap<u32, Vec<&StepRecord>> = BTreeMap::new();
+    let mut by_rank: BTreeMap<u32, Vec<CostRow>> = BTreeMap::new();
     for s in steps {
-        by_rank.entry(s.rank).or_default().push(s);
+        by_rank.entry(s.rank).or_default().push(s.into());
     }
     by_rank
         .into_iter()
@@ -105,76 +32,26 @@ pub fn rank_costs(steps: &[StepRecord]) -> BTreeMap<u32, AgentCost> {
         .collect()
 }
 
-/// A share in percent with two decimals, or `-` when absent.
-pub fn percent(share: Option<f64>) -> String {
-    share.map_or("-".to_string(), |s| format!("{:.2}", 100.0 * s))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn step(
-        step_ms: f64,
-        overhead_ms: f64,
-        device: Option<f64>,
-        observed: Option<f64>,
-    ) -> StepRecord {
-        StepRecord {
-            step_ms,
+    #[test]
+    fn costs_are_per_rank() {
+        let step = |rank, overhead_ms, observed| StepRecord {
+            rank,
+            step_ms: 100.0,
             overhead_ms,
-            overhead_device_ms: device,
             overhead_observed_ms: observed,
             ..Default::default()
-        }
-    }
-
-    #[test]
-    fn the_observed_share_is_a_median_times_the_count() {
-        // 100 steps of 100 ms; 10 of them in sampled spans, 5 ms slower each,
-        // one of those also slowed 2 s by a checkpoint.
-        let mut rows: Vec<StepRecord> = (0..100)
-            .map(|i| {
-                let observed = (i % 10 == 0).then_some(5.0 + (i % 3) as f64 * 0.1);
-                step(100.0, 0.1, None, observed)
-            })
-            .collect();
-        rows[50].overhead_observed_ms = Some(2005.0);
-        rows[50].step_ms += 2000.0;
-        let c = AgentCost::of(&rows);
-        assert_eq!(c.steps, 100);
-        assert_eq!(c.observed_steps, 10);
-        assert!((c.host - 10.0 / 12_000.0).abs() < 1e-12, "{c:?}");
-        assert_eq!(c.device, None, "no device figures: absent, not zero");
-        // median 5.1 (5.0, 5.1, 5.2 over the ten) × 10 / 12,000 ms: 0.4 %, where
-        // the plain sum reads 17 %.
-        let observed = c.observed.unwrap();
-        assert!(
-            (observed - 5.1 * 10.0 / 12_000.0).abs() < 1e-3 / 100.0,
-            "{c:?}"
-        );
-        assert_eq!(
-            c.shares().iter().map(|s| s.0).collect::<Vec<_>>(),
-            ["cpu", "observed"]
-        );
-    }
-
-    #[test]
-    fn device_figures_add_up_and_few_observed_steps_are_held_to_nothing() {
-        let rows = vec![
-            step(50.0, 0.5, Some(2.0), Some(-1.0)),
-            step(50.0, 0.5, Some(0.0), Some(4.0)),
-            step(0.0, 9.0, Some(9.0), Some(9.0)),
-        ];
-        let c = AgentCost::of(&rows);
-        assert_eq!(c.steps, 2, "a row without step time counts nothing");
-        assert_eq!(c.device, Some(0.02));
-        assert_eq!(c.observed, Some(1.5 * 2.0 / 100.0));
-        assert_eq!(
-            c.shares().iter().map(|s| s.0).collect::<Vec<_>>(),
-            ["cpu", "device"]
-        );
-        assert_eq!(percent(c.device), "2.00");
-        assert_eq!(percent(None), "-");
+        };
+        let costs = rank_costs(&[
+            step(0, 1.0, None),
+            step(1, 2.0, Some(3.0)),
+            step(0, 1.0, None),
+        ]);
+        assert_eq!(costs[&0].host, 0.01);
+        assert_eq!((costs[&0].steps, costs[&0].observed), (2, None));
+        assert_eq!((costs[&1].host, costs[&1].observed), (0.02, Some(0.03)));
     }
 }

@@ -11,8 +11,8 @@
 //!   already held is left out and counted (`rows_not_shown`);
 //! - at most [`MAX_LAYERS`] layers per run, the rest counted the same way.
 //!
-//! A step takes 200 bytes, so at the defaults a rank takes 12.5 KiB and the view
-//! at most 50 MiB (4,096 ranks); a layer's history takes 3 KiB. BENCHMARKS.md
+//! A step takes 232 bytes, so at the defaults a rank takes 14.5 KiB and the view
+//! at most 58 MiB (4,096 ranks); a layer's history takes 3 KiB. BENCHMARKS.md
 //! has the measured figure at 1,024 ranks. The files
 //! are unaffected: the view only reads the record batches the buffer keeps.
 //!
@@ -22,9 +22,11 @@
 //!
 //! Layout:
 //! - [`snapshot`]: the JSON it answers, as types a viewer reads back;
+//! - [`cost`]: what the agent cost a rank, per share of its budget;
 //! - [`rows`]: the values read out of a batch's record batches;
 //! - this module: [`LiveView`], the state and its bounds.
 
+pub mod cost;
 pub mod rows;
 pub mod snapshot;
 
@@ -353,7 +355,9 @@ impl LiveView {
                     .skip(r.steps.len().saturating_sub(steps))
                     .cloned()
                     .collect(),
+                agent_cost: None,
             })
+            .map(RankLive::with_agent_cost)
             .collect();
         let mut layers: Vec<LayerLive> = run
             .layers

@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::cost::{AgentCost, CostRow};
+
 /// `GET /live/runs`: every run the live view holds, most recently updated first.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunList {
@@ -61,11 +63,13 @@ pub struct RunSnapshot {
 
 impl RunSnapshot {
     /// Keeps each rank's newest `steps` steps (what a viewer draws), after the
-    /// diagnoses read the whole window.
+    /// diagnoses read the whole window, and sets each rank's `agent_cost` over
+    /// them.
     pub fn keep_last_steps(&mut self, steps: usize) {
         for r in &mut self.ranks {
             let extra = r.steps.len().saturating_sub(steps);
             r.steps.drain(..extra);
+            r.agent_cost = r.cost_of_steps();
         }
     }
 }
@@ -119,6 +123,22 @@ pub struct RankLive {
     /// Its last steps, in step order, at most `steps_kept` (or the `steps`
     /// the request asked for).
     pub steps: Vec<StepPoint>,
+    /// What the agent cost the rank over those steps, per share of its budget
+    /// ([`super::cost`]); absent until a step arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_cost: Option<AgentCost>,
+}
+
+impl RankLive {
+    /// The rank with its `agent_cost` set over its steps.
+    pub fn with_agent_cost(mut self) -> RankLive {
+        self.agent_cost = self.cost_of_steps();
+        self
+    }
+
+    fn cost_of_steps(&self) -> Option<AgentCost> {
+        (!self.steps.is_empty()).then(|| AgentCost::of(self.steps.iter().map(CostRow::from)))
+    }
 }
 
 /// One `steps` row, as the live view keeps it.

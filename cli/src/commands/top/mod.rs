@@ -447,6 +447,13 @@ mod tests {
             }],
             ..Default::default()
         };
+        frame(run)
+    }
+
+    /// One frame of `run`, as `top` draws it after a read (each rank's last
+    /// 32 steps).
+    fn frame(mut run: RunSnapshot) -> String {
+        run.keep_last_steps(32);
         let mut top = Top::new(Vec::new(), 32, None);
         top.run = Some(run);
         let mut terminal = Terminal::new(TestBackend::new(240, 40)).unwrap();
@@ -476,5 +483,52 @@ mod tests {
         let text = frame_of_layer(&full);
         assert!(!text.contains("planned samples"), "{text}");
         assert!(!text.contains("of 32 skipped"), "{text}");
+    }
+
+    #[test]
+    fn each_rank_shows_what_the_agent_cost_it() {
+        use rankscope_collector::live::snapshot::{RankLive, RunSummary, StepPoint};
+        // Rank 0: 0.1 ms of 10 ms steps on the training thread (1 %); the
+        // sampled steps (every 8th) and the next 0.4 ms slower (8 of 32 steps:
+        // 1 %). Rank 1 has device figures too: 0.4 ms a sampled step (0.5 %).
+        let rank = |rank: u32| RankLive {
+            rank,
+            steps: (368..400)
+                .map(|step| StepPoint {
+                    step,
+                    step_ms: 10.0,
+                    overhead_ms: 0.1,
+                    overhead_observed_ms: (step % 8 < 2).then_some(0.4),
+                    overhead_device_ms: (rank == 1).then_some(if step % 8 == 0 {
+                        0.4
+                    } else {
+                        0.0
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let run = RunSnapshot {
+            summary: RunSummary {
+                run_id: "r".into(),
+                world_size: 2,
+                ranks_seen: 2,
+                last_step: Some(399),
+                ..Default::default()
+            },
+            ranks: vec![rank(0), rank(1)],
+            ..Default::default()
+        };
+        let text = frame(run);
+        assert!(text.contains("agent % h/o/d"), "{text}");
+        let row = |r: &str| {
+            text.lines()
+                .find(|l| l.trim_start_matches(['│', ' ']).starts_with(r))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(row("0 ").contains(" 1.0/1.0 "), "{text}");
+        assert!(row("1 ").contains(" 1.0/1.0/0.5 "), "{text}");
     }
 }

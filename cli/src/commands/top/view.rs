@@ -3,8 +3,9 @@
 //!
 //! The screen, top to bottom: a header (run, ranks, step, collectors, counters),
 //! the live diagnoses, the ranks table (one row per rank: step, step ms, comm
-//! ms, the phase split as a bar, memory, samples dropped/skipped, and a heatmap
-//! of its step time over the recent steps), then the loss and throughput
+//! ms, the phase split as a bar, memory, samples dropped/skipped, the agent's
+//! cost per share of its budget, and a heatmap of its step time over the
+//! recent steps), then the loss and throughput
 //! sparklines and the layer panel, and the keys.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,6 +16,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Sparkline, Table, Wrap};
 
+use rankscope_collector::live::cost::AgentCost;
 use rankscope_collector::live::snapshot::{RankLive, RunSnapshot, StepPoint};
 
 use crate::analysis::coverage::{self, Coverage};
@@ -94,6 +96,22 @@ fn bytes(b: Option<u64>) -> String {
 fn ms(v: Option<f64>) -> String {
     v.filter(|v| v.is_finite())
         .map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+/// What the agent cost a rank over the steps shown, in percent of their step
+/// time: host (its time on the training thread) / observed (the robust sum of
+/// the sampled steps' slowdown) and, where the rank has device figures,
+/// / device. `-` for a share with no figure.
+fn agent_cost(c: Option<&AgentCost>) -> String {
+    let Some(c) = c.filter(|c| c.steps > 0) else {
+        return "-".into();
+    };
+    let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.1}", 100.0 * v));
+    let mut text = format!("{}/{}", pct(Some(c.host)), pct(c.observed));
+    if c.device.is_some() {
+        text += &format!("/{}", pct(c.device));
+    }
+    text
 }
 
 /// A rank's memory: device allocated bytes where recorded, else RSS.
@@ -317,7 +335,8 @@ fn draw_findings(frame: &mut Frame, area: Rect, screen: &Screen) {
 
 fn draw_ranks(frame: &mut Frame, area: Rect, run: &RunSnapshot, screen: &Screen) {
     const PHASE_WIDTH: usize = 12;
-    let fixed: u16 = 6 + 8 + 9 + 9 + PHASE_WIDTH as u16 + 8 + 11 + 8 + 2;
+    const COST_WIDTH: u16 = 15;
+    let fixed: u16 = 6 + 8 + 9 + 9 + PHASE_WIDTH as u16 + 8 + 11 + COST_WIDTH + 8 + 2;
     let heat_width = area.width.saturating_sub(fixed).max(1) as usize;
     let medians = step_medians(run);
     let recent: Vec<u64> = medians
@@ -357,6 +376,7 @@ fn draw_ranks(frame: &mut Frame, area: Rect, run: &RunSnapshot, screen: &Screen)
             Cell::from(p.map_or(Line::from("-"), |p| phase_bar(p, PHASE_WIDTH))),
             Cell::from(bytes(p.and_then(memory))),
             Cell::from(format!("{}/{}", r.samples_dropped, r.samples_skipped)),
+            Cell::from(agent_cost(r.agent_cost.as_ref())),
             Cell::from(if r.finished { "finished" } else { "" }),
             Cell::from(Line::from(heatmap)),
         ])
@@ -369,6 +389,7 @@ fn draw_ranks(frame: &mut Frame, area: Rect, run: &RunSnapshot, screen: &Screen)
         "phases dfbo",
         "memory",
         "drop/skip",
+        "agent % h/o/d",
         "",
         "step time vs median, recent steps",
     ])
@@ -381,6 +402,7 @@ fn draw_ranks(frame: &mut Frame, area: Rect, run: &RunSnapshot, screen: &Screen)
         Constraint::Length(PHASE_WIDTH as u16),
         Constraint::Length(8),
         Constraint::Length(11),
+        Constraint::Length(COST_WIDTH),
         Constraint::Length(8),
         Constraint::Min(1),
     ];
