@@ -85,44 +85,41 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
     // the Python package): elsewhere it would be a column of dashes.
     let with_device = ranks.values().any(|s| s.device.is_some());
     let mut text = format!("run {run_id}\n\n");
-    text += "rank   steps   mean step ms   mean comm ms   overhead %   observed %";
+    text += "rank   steps   mean step ms   mean comm ms   overhead %   agent cpu %   observed %";
     if with_device {
         text += "   device %";
     }
-    text += "   agent cpu %   samples skipped   samples dropped\n";
+    text += "   samples skipped   samples dropped\n";
     let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
     let pct = |v: Option<f64>| show(v.map(|v| 100.0 * v));
     for (rank, s) in &ranks {
         text += &format!(
-            "{rank:>4}   {:>5}   {:>12}   {:>12}   {:>10}   {:>10}",
+            "{rank:>4}   {:>5}   {:>12}   {:>12}   {:>10}   {:>11}   {:>10}",
             s.steps,
             show(s.step_ms),
             show(s.comm_ms),
             show(s.overhead_pct),
+            show(s.cpu_pct),
             pct(s.observed),
         );
         if with_device {
             text += &format!("   {:>8}", pct(s.device));
         }
-        text += &format!(
-            "   {:>11}   {:>15}   {:>15}\n",
-            show(s.cpu_pct),
-            s.samples_skipped,
-            s.samples_dropped
-        );
+        text += &format!("   {:>15}   {:>15}\n", s.samples_skipped, s.samples_dropped);
     }
     text += "(overhead %: the agent's time on the training thread as a share of step time; \
+             agent cpu %: the agent's share of the process's CPU time, reported when it finished; \
              observed %: the step time that sampling cost, the median overhead_observed_ms of the \
-             steps that carry one times their count, as a share of step time;";
+             steps that carry one times their count, as a share of step time";
     if with_device {
-        text += " device %: the agent's device time as a share of step time;";
+        text += "; device %: the agent's device time as a share of step time";
     }
-    text +=
-        " agent cpu %: the agent's share of the process's CPU time, reported when it finished)\n";
+    text += ")\n";
     if let Some(budget) = data.overhead_budget(run_id)? {
         text += &format!(
-            "(the run's overhead budget is {} on each share: cpu, device and observed, \
-             RANKSCOPE_OVERHEAD_BUDGET; the agent_overhead diagnosis holds them to it)\n",
+            "(the run's overhead budget is {} of each process's CPU time and of its step time, \
+             on each share: cpu, device and observed, RANKSCOPE_OVERHEAD_BUDGET; the \
+             agent_overhead diagnosis holds them to it)\n",
             crate::analysis::diagnoses::budget_percent(budget)
         );
     }
@@ -396,19 +393,19 @@ mod tests {
         // 5 ms × 20 steps = 100 ms, 0.826 % (a plain sum, 2,100 ms, would read
         // 17 %); device: 10 × 2 ms, 0.165 %; host: 10 ms, 0.083 %.
         assert!(
-            text.contains("overhead %   observed %   device %   agent cpu %"),
+            text.contains("overhead %   agent cpu %   observed %   device %   samples skipped"),
             "{text}"
         );
         assert!(
-            text.contains("     0.083        0.826          -"),
+            text.contains("     0.083             -        0.826          -"),
             "rank 0 has no device figures: {text}"
         );
         assert!(
-            text.contains("     0.083        0.826      0.165"),
+            text.contains("     0.083             -        0.826      0.165"),
             "{text}"
         );
         assert!(
-            text.contains("2% on each share: cpu, device and observed"),
+            text.contains("overhead budget is 2% of each process's CPU time and of its step time, on each share"),
             "{text}"
         );
 
@@ -416,7 +413,7 @@ mod tests {
         let cpu = sampled_run(&[0, 390]);
         let text = summarise(cpu.path(), "r").unwrap();
         assert!(
-            text.contains("overhead %   observed %   agent cpu %"),
+            text.contains("overhead %   agent cpu %   observed %   samples skipped"),
             "{text}"
         );
         assert!(!text.contains("device %"), "{text}");
