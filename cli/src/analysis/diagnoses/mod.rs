@@ -133,8 +133,9 @@ pub struct Thresholds {
     pub skew_share: f64,
     /// Shard skew: fewest ranks for a robust z-score.
     pub skew_min_ranks: usize,
-    /// Agent overhead budget: overhead_ms / step_ms per rank, for a run that
-    /// did not record its own (`runs.overhead_budget`; the agent's default).
+    /// Agent overhead budget, held on each share (cpu, device, observed) per
+    /// rank, for a run that did not record its own (`runs.overhead_budget`;
+    /// the agent's default).
     pub overhead_budget: f64,
 }
 
