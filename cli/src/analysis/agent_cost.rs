@@ -12,6 +12,7 @@ use super::diagnoses::StepRecord;
 impl From<&StepRecord> for CostRow {
     fn from(s: &StepRecord) -> CostRow {
         CostRow {
+            step: s.step,
             step_ms: s.step_ms,
             overhead_ms: s.overhead_ms,
             overhead_device_ms: s.overhead_device_ms,
