@@ -26,6 +26,7 @@ use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use rankscope_collector::output::{DeltaRoot, Output};
 use rankscope_collector::table::{self, Table};
 
+use crate::analysis::agent_cost::{self, AgentCost};
 use crate::analysis::diagnoses::{self, EventRecord, LayerRecord, RankInfo, RunData, StepRecord};
 
 /// The collector's output directory, open for SQL.
@@ -290,6 +291,34 @@ impl Dataset {
         Ok(out)
     }
 
+    /// Per rank of `run_id`, what the agent cost it on each share of its budget
+    /// ([`crate::analysis::agent_cost`]), from its `steps` rows.
+    pub fn agent_costs(&self, run_id: &str) -> anyhow::Result<BTreeMap<u32, AgentCost>> {
+        let mut steps = Vec::new();
+        for b in &self.sql(&format!(
+            "SELECT CAST(rank AS BIGINT) AS rank, step_ms, overhead_ms,
+                    overhead_device_ms, overhead_observed_ms
+             FROM steps WHERE run_id = {}",
+            literal(run_id)
+        ))? {
+            let rank = ints(b, "rank")?;
+            let (step_ms, over) = (floats(b, "step_ms")?, floats(b, "overhead_ms")?);
+            let device = floats(b, "overhead_device_ms")?;
+            let observed = floats(b, "overhead_observed_ms")?;
+            for i in 0..b.num_rows() {
+                steps.push(StepRecord {
+                    rank: rank[i].unwrap_or_default() as u32,
+                    step_ms: step_ms[i].unwrap_or_default(),
+                    overhead_ms: over[i].unwrap_or_default(),
+                    overhead_device_ms: device[i],
+                    overhead_observed_ms: observed[i],
+                    ..StepRecord::default()
+                });
+            }
+        }
+        Ok(agent_cost::rank_costs(&steps))
+    }
+
     /// The rows of `run_id` that the diagnoses read.
     pub fn run_data(&self, run_id: &str) -> anyhow::Result<RunData> {
         let id = literal(run_id);
@@ -328,7 +357,8 @@ impl Dataset {
             "SELECT CAST(s.rank AS BIGINT) AS rank, CAST(s.step AS BIGINT) AS step,
                     s.step_ms, s.data_ms, s.forward_ms, s.backward_ms, s.optimizer_ms,
                     coalesce(s.comm_ms, c.comm_ms) AS comm_ms,
-                    s.overhead_ms, s.loss, s.grad_norm,
+                    s.overhead_ms, s.overhead_device_ms, s.overhead_observed_ms,
+                    s.loss, s.grad_norm,
                     CAST(s.rss_bytes AS BIGINT) AS rss_bytes,
                     CAST(s.device_allocated_bytes AS BIGINT) AS device_allocated_bytes
              FROM steps s
@@ -339,7 +369,19 @@ impl Dataset {
         ))? {
             let rank = ints(b, "rank")?;
             let step = ints(b, "step")?;
-            let [step_ms, data, fwd, bwd, opt, comm, over, loss, gn] = [
+            let [
+                step_ms,
+                data,
+                fwd,
+                bwd,
+                opt,
+                comm,
+                over,
+                over_dev,
+                over_obs,
+                loss,
+                gn,
+            ] = [
                 "step_ms",
                 "data_ms",
                 "forward_ms",
@@ -347,6 +389,8 @@ impl Dataset {
                 "optimizer_ms",
                 "comm_ms",
                 "overhead_ms",
+                "overhead_device_ms",
+                "overhead_observed_ms",
                 "loss",
                 "grad_norm",
             ]
@@ -354,6 +398,7 @@ impl Dataset {
             let (rss, dev) = (ints(b, "rss_bytes")?, ints(b, "device_allocated_bytes")?);
             let (step_ms, data, fwd, bwd, opt) = (step_ms?, data?, fwd?, bwd?, opt?);
             let (comm, over, loss, gn) = (comm?, over?, loss?, gn?);
+            let (over_dev, over_obs) = (over_dev?, over_obs?);
             for i in 0..b.num_rows() {
                 run.steps.push(StepRecord {
                     rank: rank[i].unwrap_or_default() as u32,
@@ -365,6 +410,8 @@ impl Dataset {
                     optimizer_ms: opt[i],
                     comm_ms: comm[i],
                     overhead_ms: over[i].unwrap_or_default(),
+                    overhead_device_ms: over_dev[i],
+                    overhead_observed_ms: over_obs[i],
                     loss: loss[i],
                     grad_norm: gn[i],
                     rss_bytes: rss[i].map(|v| v as u64),
@@ -375,12 +422,13 @@ impl Dataset {
         for b in &self.sql(&format!(
             "SELECT CAST(rank AS BIGINT) AS rank, CAST(step AS BIGINT) AS step, layer,
                     stable_rank, effective_rank, zero_fraction,
-                    CAST(nonfinite AS BIGINT) AS nonfinite
+                    CAST(nonfinite AS BIGINT) AS nonfinite, compute_ms
              FROM layers WHERE run_id = {id} ORDER BY layer, rank, step"
         ))? {
             let (rank, step, layer) = (ints(b, "rank")?, ints(b, "step")?, strings(b, "layer")?);
             let (stable, effective) = (floats(b, "stable_rank")?, floats(b, "effective_rank")?);
             let (zero, nonfinite) = (floats(b, "zero_fraction")?, ints(b, "nonfinite")?);
+            let compute = floats(b, "compute_ms")?;
             for i in 0..b.num_rows() {
                 run.layers.push(LayerRecord {
                     rank: rank[i].unwrap_or_default() as u32,
@@ -390,21 +438,25 @@ impl Dataset {
                     effective_rank: effective[i],
                     zero_fraction: zero[i],
                     nonfinite: nonfinite[i].unwrap_or_default() as u64,
+                    compute_ms: compute[i],
                 });
             }
         }
         for b in &self.sql(&format!(
-            "SELECT CAST(rank AS BIGINT) AS rank, kind, value, CAST(step AS BIGINT) AS step
+            "SELECT CAST(rank AS BIGINT) AS rank, kind, value, CAST(step AS BIGINT) AS step,
+                    message
              FROM events WHERE run_id = {id} ORDER BY rank, time"
         ))? {
             let (rank, kind) = (ints(b, "rank")?, strings(b, "kind")?);
             let (value, step) = (ints(b, "value")?, ints(b, "step")?);
+            let message = strings(b, "message")?;
             for i in 0..b.num_rows() {
                 run.events.push(EventRecord {
                     rank: rank[i].unwrap_or_default() as u32,
                     kind: kind[i].clone().unwrap_or_default(),
                     value: value[i],
                     step: step[i].map(|v| v as u64),
+                    message: message[i].clone(),
                 });
             }
         }

@@ -9,6 +9,11 @@
 //! on a window they see the recent run, so a memory creep fires once the window
 //! itself rises, and a straggler once it was latest in enough of the window's
 //! steps.
+//!
+//! The window is every step the collector keeps (`--live-steps`), not the
+//! shorter one a viewer draws: the ranks' newest steps arrive up to a batch
+//! apart (500 ms of steps), and the timing diagnoses compare only the steps
+//! every rank has, which on 32 steps per rank were often fewer than 20.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -37,6 +42,8 @@ pub fn run_data(snapshot: &RunSnapshot) -> RunData {
             optimizer_ms: s.optimizer_ms,
             comm_ms: s.comm_ms,
             overhead_ms: s.overhead_ms,
+            overhead_device_ms: s.overhead_device_ms,
+            overhead_observed_ms: s.overhead_observed_ms,
             loss: s.loss,
             grad_norm: s.grad_norm,
             rss_bytes: s.rss_bytes,
@@ -52,6 +59,7 @@ pub fn run_data(snapshot: &RunSnapshot) -> RunData {
             effective_rank: p.effective_rank,
             zero_fraction: p.zero_fraction,
             nonfinite: p.nonfinite,
+            compute_ms: None,
         }));
     }
     run
@@ -209,6 +217,64 @@ mod tests {
         assert!(live.update(&snapshot(4, 70, 32, None)).is_empty());
         let again = live.update(&snapshot(4, 80, 32, Some(2)));
         assert_eq!(again[0].fired_at_step, 80);
+    }
+
+    /// Three ranks as a collector holds them mid-run: each its last `kept`
+    /// steps, their newest steps a batch apart (137, 126, 117: measured at step
+    /// ~2,130 of a 3-rank CPU DDP run); rank 2 sleeps 8 ms in its forward and is
+    /// the latest at 9 steps in 10.
+    fn offset_windows(kept: u64) -> RunSnapshot {
+        let ranks = [(0u32, 137u64), (1, 126), (2, 117)]
+            .into_iter()
+            .map(|(rank, last)| RankLive {
+                rank,
+                steps: (last + 1 - kept..=last)
+                    .map(|step| {
+                        let jitter = ((step * 7 + rank as u64 * 13) % 5) as f64 * 0.3;
+                        let late = rank == 2 && step % 10 != 0;
+                        StepPoint {
+                            step,
+                            step_ms: 20.0 + jitter,
+                            backward_ms: Some(17.0),
+                            comm_ms: Some(if late { 6.0 } else { 15.0 } + jitter),
+                            forward_ms: Some(if rank == 2 { 9.0 } else { 0.8 }),
+                            ..Default::default()
+                        }
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect();
+        RunSnapshot {
+            summary: RunSummary {
+                run_id: "r".into(),
+                last_step: Some(137),
+                ..Default::default()
+            },
+            ranks,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_straggler_is_found_on_the_kept_window_of_ranks_a_batch_apart() {
+        // On a viewer's 32 steps per rank only 12 steps are every rank's,
+        // fewer than the 20 the timing diagnoses need: silent, as it was.
+        let short = LiveDiagnoses::default().update(&offset_windows(32));
+        assert!(short.is_empty(), "{short:#?}");
+        // On the 64 the view keeps, 44 steps are every rank's: rank 2, as the
+        // report of the whole run says.
+        let kept = LiveDiagnoses::default().update(&offset_windows(64));
+        assert_eq!(kept.len(), 1, "{kept:#?}");
+        assert_eq!(kept[0].diagnosis.evidence.kind(), "straggler");
+        assert!(
+            kept[0]
+                .diagnosis
+                .message
+                .starts_with("rank 2 is the straggler"),
+            "{}",
+            kept[0].diagnosis.message
+        );
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! them whatever reads the data.
 //!
 //! Layout:
+//! - `agent_cost`: what the agent cost a rank, per share of its budget;
+//! - `coverage`: whether a layer's series is thick enough for a trend;
 //! - `stats`: normal tails, robust scale, least-squares lines, the binomial tail;
 //! - `jumps`: the jump (change-point) detector and its false-alarm control;
 //! - `validity`: the detector's fixtures and scoring, modelled on NDT's harness;
@@ -10,6 +12,8 @@
 //! - `live`: the diagnoses that run mid-run, over the collectors' live view,
 //!   with the step at which each fired.
 
+pub mod agent_cost;
+pub mod coverage;
 pub mod diagnoses;
 pub mod jumps;
 pub mod live;

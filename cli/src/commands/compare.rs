@@ -1,6 +1,10 @@
 //! `rankscope compare`: two runs side by side (step time and its phases, agent
 //! overhead, memory peaks, loss, and each layer's final dimensionality), each
 //! difference with its direction. Both sides are the reports' JSON summaries.
+//!
+//! A time figure is called `better` or `worse` only when it moved beyond the
+//! runs' own step-to-step noise ([`noise_band`]); the comparison warns when the
+//! runs cover different numbers of steps.
 
 use std::path::PathBuf;
 
@@ -12,6 +16,13 @@ use crate::output_query::Dataset;
 /// Compare two runs.
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = "RUN_A is the baseline; changes are B relative to A.
+
+A step-time or phase figure is better or worse only beyond the runs' own noise: per rank, the
+standard error of its p50 (or p95) from the spread of its steps (1.2533 × MAD / √steps for the
+p50, 2.1097 × MAD / √steps for the p95, MAD the normal-consistent median absolute deviation),
+averaged over ranks (a DDP run's ranks move together); a difference within 3 × √(SE_A² + SE_B²)
+is `same`, within noise. Other figures are `same` within 0.5 %. Runs whose lengths differ by more
+than 10 % are compared with a warning: their figures cover different spans.
 
 Examples:
   rankscope compare run-1763790000-123 run-1763790500-456
@@ -63,6 +74,10 @@ pub struct Row {
     pub direction: String,
     /// `better`, `worse`, `same`, or `changed` where neither way is better.
     pub verdict: String,
+    /// The noise band's half-width, in the figure's unit: a change within it
+    /// is `same` (step time and phases only; null elsewhere, or when a report
+    /// has no spread).
+    pub noise: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -73,7 +88,63 @@ pub struct Comparison {
     pub run_b: String,
     pub diagnoses_a: Vec<String>,
     pub diagnoses_b: Vec<String>,
+    /// Steps of each run: the most any of its ranks recorded.
+    pub steps_a: u64,
+    pub steps_b: u64,
+    /// What makes the comparison less fair, for people (e.g. runs of
+    /// different lengths).
+    pub warnings: Vec<String>,
     pub rows: Vec<Row>,
+}
+
+/// Standard deviations of the difference beyond which a time figure changed.
+pub const NOISE_Z: f64 = 3.0;
+/// Runs whose step counts differ by more than this share are warned about.
+pub const LENGTH_TOLERANCE: f64 = 0.10;
+
+/// The standard error of a normal sample's quantile `q`, in units of σ/√n:
+/// √(q(1 − q)) / φ(z_q).
+fn quantile_se_factor(q: &str) -> f64 {
+    match q {
+        "p95" => 2.1097,
+        _ => 1.2533,
+    }
+}
+
+/// The standard error of a run's figure `q` of a phase: per rank
+/// factor · MAD / √steps, averaged over ranks (not reduced by √ranks: the
+/// ranks of a data-parallel run wait for each other, so their step times move
+/// together).
+fn standard_error(r: &Report, phase: &str, q: &str) -> Option<f64> {
+    let se: Vec<f64> = r
+        .ranks
+        .iter()
+        .filter_map(|x| {
+            let p = x.phases.get(phase)?;
+            (p.steps > 0).then_some(quantile_se_factor(q) * p.mad? / (p.steps as f64).sqrt())
+        })
+        .collect();
+    (!se.is_empty()).then(|| se.iter().sum::<f64>() / se.len() as f64)
+}
+
+/// The half-width of the band within which a phase's figure `q` of A and B
+/// differ by noise alone: [`NOISE_Z`] · √(SE_A² + SE_B²).
+pub fn noise_band(a: &Report, b: &Report, phase: &str, q: &str) -> Option<f64> {
+    let (sa, sb) = (standard_error(a, phase, q)?, standard_error(b, phase, q)?);
+    Some(NOISE_Z * sa.hypot(sb))
+}
+
+/// A run's length: the most steps any of its ranks recorded.
+fn run_steps(r: &Report) -> u64 {
+    r.ranks.iter().map(|x| x.steps).max().unwrap_or(0)
+}
+
+/// The warning for runs of different lengths, when they differ by more than
+/// [`LENGTH_TOLERANCE`].
+fn length_warning(a: u64, b: u64) -> Option<String> {
+    let (short, long) = (a.min(b), a.max(b));
+    (long as f64 > short as f64 * (1.0 + LENGTH_TOLERANCE))
+        .then(|| format!("runs differ in length: {a} vs {b} steps; figures over different spans"))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -99,6 +170,7 @@ fn row(
     a: Option<f64>,
     b: Option<f64>,
     better: Better,
+    noise: Option<f64>,
 ) -> Row {
     let change = a.zip(b).map(|(a, b)| b - a);
     let relative_change = a
@@ -110,9 +182,11 @@ fn row(
         (Some(c), _) if c > 0.0 => "up",
         _ => "down",
     };
+    let within_noise = change.zip(noise).is_some_and(|(c, n)| c.abs() <= n);
     let verdict = match (direction, better) {
         ("-", _) => "-",
         ("same", _) => "same",
+        _ if within_noise => "same",
         (_, Better::Neither) => "changed",
         ("down", Better::Lower) | ("up", Better::Higher) => "better",
         _ => "worse",
@@ -127,6 +201,7 @@ fn row(
         relative_change,
         direction: direction.into(),
         verdict: verdict.into(),
+        noise,
     }
 }
 
@@ -165,6 +240,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
                 f(a),
                 f(b),
                 Better::Lower,
+                noise_band(a, b, phase, q),
             ));
         }
     }
@@ -191,6 +267,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
             per_step(a),
             per_step(b),
             Better::Lower,
+            None,
         ));
         let bandwidth = |r: &Report| mean_over_ranks(r, |x| x.comm.get(kind)?.mb_per_s);
         rows.push(row(
@@ -200,6 +277,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
             bandwidth(a),
             bandwidth(b),
             Better::Higher,
+            None,
         ));
     }
     rows.push(row(
@@ -209,6 +287,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         mean_over_ranks(a, |x| x.overhead_pct),
         mean_over_ranks(b, |x| x.overhead_pct),
         Better::Lower,
+        None,
     ));
     rows.push(row(
         "overhead",
@@ -217,6 +296,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         mean_over_ranks(a, |x| x.cpu_pct),
         mean_over_ranks(b, |x| x.cpu_pct),
         Better::Lower,
+        None,
     ));
     let dropped = |r: &Report| Some(r.ranks.iter().map(|x| x.samples_dropped).sum::<i64>() as f64);
     rows.push(row(
@@ -226,6 +306,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         dropped(a),
         dropped(b),
         Better::Lower,
+        None,
     ));
     rows.push(row(
         "memory",
@@ -234,6 +315,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         max_over_ranks(a, |x| x.peak_rss_bytes),
         max_over_ranks(b, |x| x.peak_rss_bytes),
         Better::Lower,
+        None,
     ));
     rows.push(row(
         "memory",
@@ -242,6 +324,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         max_over_ranks(a, |x| x.peak_device_allocated_bytes),
         max_over_ranks(b, |x| x.peak_device_allocated_bytes),
         Better::Lower,
+        None,
     ));
     let loss =
         |r: &Report, f: fn(&report::json_summary::LossSummary) -> f64| r.loss.as_ref().map(f);
@@ -252,6 +335,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         loss(a, |l| l.last),
         loss(b, |l| l.last),
         Better::Lower,
+        None,
     ));
     rows.push(row(
         "loss",
@@ -260,6 +344,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         loss(a, |l| l.min),
         loss(b, |l| l.min),
         Better::Lower,
+        None,
     ));
     for la in &a.layers {
         let lb = b.layers.iter().find(|l| l.layer == la.layer);
@@ -280,6 +365,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
                 get(la),
                 lb.and_then(get),
                 Better::Neither,
+                None,
             ));
         }
     }
@@ -289,6 +375,7 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
             .map(|d| d.evidence.kind().to_string())
             .collect()
     };
+    let (steps_a, steps_b) = (run_steps(a), run_steps(b));
     Comparison {
         schema: SCHEMA,
         schema_version: SCHEMA_VERSION,
@@ -296,6 +383,9 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         run_b: b.run.info.run_id.clone(),
         diagnoses_a: kinds(a),
         diagnoses_b: kinds(b),
+        steps_a,
+        steps_b,
+        warnings: length_warning(steps_a, steps_b).into_iter().collect(),
         rows,
     }
 }
@@ -310,7 +400,11 @@ fn show(v: Option<f64>, unit: &str) -> String {
 
 /// The comparison as a table for people.
 pub fn text(c: &Comparison) -> String {
-    let mut t = format!("A = {}\nB = {}\n\n", c.run_a, c.run_b);
+    let mut t = format!("A = {}\nB = {}\n", c.run_a, c.run_b);
+    for w in &c.warnings {
+        t += &format!("warning: {w}\n");
+    }
+    t += "\n";
     t += &format!(
         "{:<44} {:>14} {:>14} {:>9}  {}\n",
         "figure", "A", "B", "change", "B vs A"
@@ -333,8 +427,14 @@ pub fn text(c: &Comparison) -> String {
         } else {
             format!(" ({})", r.unit)
         };
+        let noise = match r.noise {
+            Some(n) if r.verdict == "same" && r.direction != "same" => {
+                format!(", within noise (±{n:.3})")
+            }
+            _ => String::new(),
+        };
         t += &format!(
-            "{:<44} {:>14} {:>14} {:>9}  {arrow} {}\n",
+            "{:<44} {:>14} {:>14} {:>9}  {arrow} {}{noise}\n",
             format!("{}{unit}", r.metric),
             show(r.a, &r.unit),
             show(r.b, &r.unit),
@@ -359,25 +459,192 @@ pub fn text(c: &Comparison) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::commands::report::json_summary::{PhaseStats, RankSummary, Run};
+    use crate::output_query::RunInfo;
 
     #[test]
     fn directions_and_verdicts() {
-        let r = row("t", "step", "ms", Some(10.0), Some(8.0), Better::Lower);
+        let r = row(
+            "t",
+            "step",
+            "ms",
+            Some(10.0),
+            Some(8.0),
+            Better::Lower,
+            None,
+        );
         assert_eq!(
             (r.direction.as_str(), r.verdict.as_str()),
             ("down", "better")
         );
-        let r = row("t", "step", "ms", Some(10.0), Some(12.0), Better::Lower);
+        let r = row(
+            "t",
+            "step",
+            "ms",
+            Some(10.0),
+            Some(12.0),
+            Better::Lower,
+            None,
+        );
         assert_eq!((r.direction.as_str(), r.verdict.as_str()), ("up", "worse"));
-        let r = row("l", "rank", "", Some(10.0), Some(10.01), Better::Neither);
+        let r = row(
+            "l",
+            "rank",
+            "",
+            Some(10.0),
+            Some(10.01),
+            Better::Neither,
+            None,
+        );
         assert_eq!(r.verdict, "same");
-        let r = row("l", "rank", "", Some(10.0), Some(5.0), Better::Neither);
+        let r = row(
+            "l",
+            "rank",
+            "",
+            Some(10.0),
+            Some(5.0),
+            Better::Neither,
+            None,
+        );
         assert_eq!(
             (r.direction.as_str(), r.verdict.as_str()),
             ("down", "changed")
         );
-        let r = row("l", "rank", "", None, Some(5.0), Better::Neither);
+        let r = row("l", "rank", "", None, Some(5.0), Better::Neither, None);
         assert_eq!(r.verdict, "-");
+        // Within the noise band: up, but the same.
+        let r = row(
+            "t",
+            "step",
+            "ms",
+            Some(10.0),
+            Some(10.1),
+            Better::Lower,
+            Some(0.2),
+        );
+        assert_eq!((r.direction.as_str(), r.verdict.as_str()), ("up", "same"));
+    }
+
+    /// A report of `ranks` ranks whose step p50 is `p50` ms, with `steps` steps
+    /// spread by a MAD of `mad` ms.
+    fn report(run: &str, ranks: u32, steps: u64, p50: f64, mad: f64) -> Report {
+        let stats = PhaseStats {
+            p50,
+            p95: p50 + 2.0 * mad,
+            p99: p50 + 3.0 * mad,
+            mean: p50,
+            steps,
+            mad: Some(mad),
+        };
+        Report {
+            schema: report::json_summary::SCHEMA.into(),
+            schema_version: report::json_summary::SCHEMA_VERSION,
+            run: Run {
+                info: RunInfo {
+                    run_id: run.into(),
+                    world_size: Some(ranks.into()),
+                    mode: None,
+                    sample_every: None,
+                    workload: None,
+                    started_at: None,
+                },
+                ranks_seen: ranks as usize,
+                ranks_finished: ranks as usize,
+                last_step: steps.checked_sub(1),
+                overhead_budget: None,
+            },
+            ranks: (0..ranks)
+                .map(|rank| RankSummary {
+                    rank,
+                    node_rank: 0,
+                    hostname: "h".into(),
+                    steps,
+                    phases: BTreeMap::from([("step".to_string(), stats.clone())]),
+                    overhead_pct: None,
+                    cpu_pct: None,
+                    device_pct: None,
+                    observed_pct: None,
+                    observed_steps: 0,
+                    peak_rss_bytes: None,
+                    peak_device_allocated_bytes: None,
+                    samples_dropped: 0,
+                    samples_skipped: 0,
+                    rows_dropped: 0,
+                    comm: BTreeMap::new(),
+                })
+                .collect(),
+            loss: None,
+            layers: Vec::new(),
+            model: Vec::new(),
+            diagnoses: Vec::new(),
+        }
+    }
+
+    fn step_p50(c: &Comparison) -> &Row {
+        c.rows
+            .iter()
+            .find(|r| r.metric.starts_with("step p50"))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_change_within_the_runs_noise_is_the_same() {
+        // Steps of 100 ms spread by 5 ms over 250 steps: the p50's standard
+        // error is 1.2533 · 5 / √250 ≈ 0.40 ms a run, the band 3 · √2 · 0.40
+        // ≈ 1.7 ms. +1.0 % is inside it.
+        let c = compare(
+            &report("a", 4, 250, 100.0, 5.0),
+            &report("b", 4, 250, 101.0, 5.0),
+        );
+        let r = step_p50(&c);
+        assert_eq!((r.direction.as_str(), r.verdict.as_str()), ("up", "same"));
+        assert!((r.noise.unwrap() - 1.68).abs() < 0.01, "{:?}", r.noise);
+        assert!(text(&c).contains("same, within noise"), "{}", text(&c));
+        assert!(c.warnings.is_empty());
+        // +3 % is beyond it.
+        let c = compare(
+            &report("a", 4, 250, 100.0, 5.0),
+            &report("b", 4, 250, 103.0, 5.0),
+        );
+        assert_eq!(step_p50(&c).verdict, "worse");
+        // With steady steps the same +1 % is real.
+        let c = compare(
+            &report("a", 4, 250, 100.0, 0.5),
+            &report("b", 4, 250, 101.0, 0.5),
+        );
+        assert_eq!(step_p50(&c).verdict, "worse");
+        // A report without the spread (written before it) has no band.
+        let mut old = report("a", 4, 250, 100.0, 5.0);
+        for r in &mut old.ranks {
+            r.phases.get_mut("step").unwrap().mad = None;
+        }
+        let c = compare(&old, &report("b", 4, 250, 101.0, 5.0));
+        assert_eq!(
+            (step_p50(&c).verdict.as_str(), step_p50(&c).noise),
+            ("worse", None)
+        );
+    }
+
+    #[test]
+    fn runs_of_different_lengths_are_warned_about() {
+        let c = compare(
+            &report("a", 2, 80, 100.0, 5.0),
+            &report("b", 2, 250, 100.0, 5.0),
+        );
+        let warning = "runs differ in length: 80 vs 250 steps; figures over different spans";
+        assert_eq!(c.warnings, [warning]);
+        assert_eq!((c.steps_a, c.steps_b), (80, 250));
+        assert!(text(&c).contains(&format!("warning: {warning}")));
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["warnings"][0], warning);
+        // Within 10 %: no warning.
+        let c = compare(
+            &report("a", 2, 250, 100.0, 5.0),
+            &report("b", 2, 260, 100.0, 5.0),
+        );
+        assert!(c.warnings.is_empty());
     }
 }

@@ -11,8 +11,8 @@
 //!   already held is left out and counted (`rows_not_shown`);
 //! - at most [`MAX_LAYERS`] layers per run, the rest counted the same way.
 //!
-//! A step takes 200 bytes, so at the defaults a rank takes 12.5 KiB and the view
-//! at most 50 MiB (4,096 ranks); a layer's history takes 3 KiB. BENCHMARKS.md
+//! A step takes 232 bytes, so at the defaults a rank takes 14.5 KiB and the view
+//! at most 58 MiB (4,096 ranks); a layer's history takes 3 KiB. BENCHMARKS.md
 //! has the measured figure at 1,024 ranks. The files
 //! are unaffected: the view only reads the record batches the buffer keeps.
 //!
@@ -22,9 +22,11 @@
 //!
 //! Layout:
 //! - [`snapshot`]: the JSON it answers, as types a viewer reads back;
+//! - [`cost`]: what the agent cost a rank, per share of its budget;
 //! - [`rows`]: the values read out of a batch's record batches;
 //! - this module: [`LiveView`], the state and its bounds.
 
+pub mod cost;
 pub mod rows;
 pub mod snapshot;
 
@@ -72,6 +74,7 @@ struct LayerState {
 #[derive(Debug, Default)]
 struct RunState {
     world_size: u32,
+    sample_every: Option<u64>,
     updated_us: i64,
     counters: RunCounters,
     ranks: BTreeMap<u32, RankState>,
@@ -141,6 +144,8 @@ struct Values<'a> {
     ranks: Vec<rows::RankPoint>,
     /// (step, comm_ms) of its `comm` rows.
     comm: Vec<(u64, f64)>,
+    /// The run's `sample_every`, from a `runs` row.
+    sample_every: Option<u64>,
 }
 
 fn now_us() -> i64 {
@@ -195,7 +200,8 @@ impl LiveView {
                 Table::Events => values.events.extend(rows::events(batch)),
                 Table::Ranks => values.ranks.extend(rows::ranks(batch)),
                 Table::Comm => values.comm.extend(rows::comm(batch)),
-                Table::Runs | Table::Model => {}
+                Table::Runs => values.sample_every = rows::sample_every(batch),
+                Table::Model => {}
             }
         }
         let keep = self.steps;
@@ -272,6 +278,9 @@ impl LiveView {
         let Some(run) = inner.runs.get_mut(run_id) else {
             return;
         };
+        if values.sample_every.is_some() {
+            run.sample_every = values.sample_every;
+        }
         // A layer is followed on the lowest rank that samples it: a higher
         // rank's rows of a layer already held are skipped unread.
         let mut layers = Vec::new();
@@ -346,7 +355,9 @@ impl LiveView {
                     .skip(r.steps.len().saturating_sub(steps))
                     .cloned()
                     .collect(),
+                agent_cost: None,
             })
+            .map(RankLive::with_agent_cost)
             .collect();
         let mut layers: Vec<LayerLive> = run
             .layers
@@ -362,6 +373,7 @@ impl LiveView {
             summary: run.summary(run_id),
             now_us: now_us(),
             steps_kept: self.steps as u32,
+            sample_every: run.sample_every,
             counters: run.counters.clone(),
             ranks,
             layers,

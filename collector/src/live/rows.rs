@@ -49,6 +49,8 @@ pub fn steps(batch: &RecordBatch) -> Vec<StepPoint> {
     );
     let (comm_ms, overhead_ms, loss, grad_norm) =
         (f("comm_ms"), f("overhead_ms"), f("loss"), f("grad_norm"));
+    let (overhead_device_ms, overhead_observed_ms) =
+        (f("overhead_device_ms"), f("overhead_observed_ms"));
     let u = |name| column::<UInt64Type>(batch, name);
     let (samples, rss_bytes, device_allocated_bytes) =
         (u("samples"), u("rss_bytes"), u("device_allocated_bytes"));
@@ -65,6 +67,8 @@ pub fn steps(batch: &RecordBatch) -> Vec<StepPoint> {
                 comm_ms: at(comm_ms, i),
                 comm_from_table: at(comm_ms, i).is_none(),
                 overhead_ms: at(overhead_ms, i).unwrap_or_default(),
+                overhead_device_ms: at(overhead_device_ms, i),
+                overhead_observed_ms: at(overhead_observed_ms, i),
                 loss: at(loss, i),
                 grad_norm: at(grad_norm, i),
                 samples: at(samples, i),
@@ -161,4 +165,13 @@ pub fn ranks(batch: &RecordBatch) -> Vec<RankPoint> {
             finished: at(finished_at, i).is_some(),
         })
         .collect()
+}
+
+/// The `sample_every` of a `runs` record batch (its last row's).
+pub fn sample_every(batch: &RecordBatch) -> Option<u64> {
+    let every = column::<UInt32Type>(batch, "sample_every");
+    (0..batch.num_rows())
+        .rev()
+        .find_map(|i| at(every, i))
+        .map(u64::from)
 }

@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::cost::{AgentCost, CostRow};
+
 /// `GET /live/runs`: every run the live view holds, most recently updated first.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunList {
@@ -41,6 +43,11 @@ pub struct RunSnapshot {
     pub now_us: i64,
     /// The most steps it keeps per rank (`--live-steps`).
     pub steps_kept: u32,
+    /// The run's `sample_every` (its `runs` row, which rank 0 sends), against
+    /// which a viewer tells whether a layer's history carries a trend; absent
+    /// until that row arrived, and on a collector that holds no rank 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_every: Option<u64>,
     /// Counters over the run, summed over its ranks.
     pub counters: RunCounters,
     /// Every rank seen, by rank.
@@ -52,6 +59,19 @@ pub struct RunSnapshot {
     /// each with `fired_at_step`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<serde_json::Value>,
+}
+
+impl RunSnapshot {
+    /// Keeps each rank's newest `steps` steps (what a viewer draws), after the
+    /// diagnoses read the whole window, and sets each rank's `agent_cost` over
+    /// them.
+    pub fn keep_last_steps(&mut self, steps: usize) {
+        for r in &mut self.ranks {
+            let extra = r.steps.len().saturating_sub(steps);
+            r.steps.drain(..extra);
+            r.agent_cost = r.cost_of_steps();
+        }
+    }
 }
 
 /// What the ranks of a run reported about their own telemetry, and what the
@@ -103,6 +123,22 @@ pub struct RankLive {
     /// Its last steps, in step order, at most `steps_kept` (or the `steps`
     /// the request asked for).
     pub steps: Vec<StepPoint>,
+    /// What the agent cost the rank over those steps, per share of its budget
+    /// ([`super::cost`]); absent until a step arrived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_cost: Option<AgentCost>,
+}
+
+impl RankLive {
+    /// The rank with its `agent_cost` set over its steps.
+    pub fn with_agent_cost(mut self) -> RankLive {
+        self.agent_cost = self.cost_of_steps();
+        self
+    }
+
+    fn cost_of_steps(&self) -> Option<AgentCost> {
+        (!self.steps.is_empty()).then(|| AgentCost::of(self.steps.iter().map(CostRow::from)))
+    }
 }
 
 /// One `steps` row, as the live view keeps it.
@@ -128,6 +164,13 @@ pub struct StepPoint {
     #[serde(skip)]
     pub comm_from_table: bool,
     pub overhead_ms: f64,
+    /// The agent's device time read in this step; absent on CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_device_ms: Option<f64>,
+    /// The step's observed slowdown, on sampled steps and the steps their work
+    /// was in flight (signed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_observed_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -202,8 +202,8 @@ fn its_json_reads_back() {
 
 #[test]
 fn a_rank_takes_what_the_header_says() {
-    // The header's memory figures: 200 bytes a step, 96 a layer sample.
-    assert_eq!(std::mem::size_of::<StepPoint>(), 200);
+    // The header's memory figures: 232 bytes a step, 96 a layer sample.
+    assert_eq!(std::mem::size_of::<StepPoint>(), 232);
     assert_eq!(std::mem::size_of::<LayerPoint>(), 96);
     let view = LiveView::new(DEFAULT_STEPS);
     view.record("r", 0, &records("r", 0, steps(0..200, 1.0)));
@@ -258,4 +258,65 @@ fn a_step_without_comm_ms_shows_the_sum_of_its_comm_rows() {
     assert_eq!(comm_ms, [Some(3.0), Some(5.5)]);
     let d = view.run("d", usize::MAX).unwrap();
     assert_eq!(d.ranks[0].steps[0].comm_ms, Some(2.0));
+}
+
+#[test]
+fn the_runs_row_gives_the_plan_of_samples() {
+    let view = LiveView::new(8);
+    view.record("r", 1, &records("r", 1, steps(0..3, 10.0)));
+    assert_eq!(view.run("r", 8).unwrap().sample_every, None);
+    let mut first = steps(0..3, 10.0);
+    first.runs = vec![rankscope_proto::v1::RunRow {
+        sample_every: 25,
+        ..Default::default()
+    }];
+    view.record("r", 0, &records("r", 0, first));
+    let run = view.run("r", 8).unwrap();
+    assert_eq!(run.sample_every, Some(25));
+    let json = serde_json::to_value(&run).unwrap();
+    assert_eq!(json["sample_every"], 25);
+}
+
+#[test]
+fn carries_the_agents_device_and_observed_figures_and_its_cost() {
+    let view = LiveView::new(64);
+    let mut batch = steps(0..20, 10.0);
+    for row in &mut batch.steps {
+        row.overhead_ms = 0.1;
+        // Sampled every 10 steps; each sampled step and the next 0.5 ms slower.
+        row.overhead_observed_ms = (row.step % 10 < 2).then_some(0.5);
+        row.overhead_device_ms = Some(if row.step % 10 == 0 { 0.2 } else { 0.0 });
+    }
+    view.record("r", 0, &records("r", 0, batch));
+    view.record("r", 1, &records("r", 1, steps(0..20, 10.0)));
+    let run = view.run("r", usize::MAX).unwrap();
+    let r0 = &run.ranks[0];
+    assert_eq!(r0.steps[0].overhead_observed_ms, Some(0.5));
+    assert_eq!(r0.steps[2].overhead_observed_ms, None);
+    assert_eq!(r0.steps[0].overhead_device_ms, Some(0.2));
+    let cost = r0
+        .agent_cost
+        .as_ref()
+        .expect("a rank with steps has a cost");
+    assert!((cost.host - 0.01).abs() < 1e-12, "{cost:?}");
+    assert!(
+        (cost.observed.unwrap() - 2.0 / 200.0).abs() < 1e-12,
+        "{cost:?}"
+    );
+    assert!(
+        (cost.device.unwrap() - 0.4 / 200.0).abs() < 1e-12,
+        "{cost:?}"
+    );
+    assert_eq!(cost.observed_steps, 4);
+    // A rank without the figures: no device or observed share, not zero.
+    let r1 = run.ranks[1].agent_cost.as_ref().unwrap();
+    assert_eq!((r1.device, r1.observed), (None, None));
+    // The JSON carries them; a viewer's shorter window has its own cost.
+    let json = serde_json::to_value(&run).unwrap();
+    assert_eq!(json["ranks"][0]["steps"][0]["overhead_observed_ms"], 0.5);
+    assert_eq!(json["ranks"][0]["agent_cost"]["observed_steps"], 4);
+    let mut short = run.clone();
+    short.keep_last_steps(5);
+    let c = short.ranks[0].agent_cost.as_ref().unwrap();
+    assert_eq!((c.steps, c.observed_steps), (5, 0));
 }

@@ -63,12 +63,19 @@ impl LiveEndpoints {
         self
     }
 
-    /// The run with its findings; `None` when the view holds no such run.
+    /// The run with its findings and the last `steps` steps per rank; `None`
+    /// when the view holds no such run.
+    ///
+    /// The findings read every step the view keeps, whatever `steps` asks for:
+    /// the ranks' newest steps differ by up to a batch each (500 ms of steps),
+    /// and the diagnoses compare only the steps every rank has, so on a viewer's
+    /// short window (32 steps of each rank) they saw too few to fire.
     fn snapshot(&self, run_id: &str, steps: usize) -> Option<RunSnapshot> {
-        let mut snapshot = self.view.run(run_id, steps)?;
+        let mut snapshot = self.view.run(run_id, steps.max(self.view.steps_kept()))?;
         if let Some(findings) = &self.findings {
             snapshot.findings = (findings.0)(&snapshot);
         }
+        snapshot.keep_last_steps(steps);
         Some(snapshot)
     }
 
@@ -318,6 +325,50 @@ mod tests {
         assert_eq!(r.status(), 404);
         let r = live.respond(&get("/live/runs/nope?steps=x", None));
         assert_eq!(r.status(), 400);
+    }
+
+    #[test]
+    fn findings_read_every_step_kept_whatever_the_answer_holds() {
+        use rankscope_proto::Table;
+        use rankscope_proto::v1::{Batch, StepRow};
+        let view = Arc::new(LiveView::new(64));
+        // Three ranks whose newest steps differ by a batch, as they arrive.
+        for (rank, last) in [(0u32, 137u64), (1, 126), (2, 117)] {
+            let batch = Batch {
+                seq: 1,
+                steps: (last - 99..=last)
+                    .map(|step| StepRow {
+                        step,
+                        step_ms: 20.0,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            let bytes = prost::Message::encode_to_vec(&batch);
+            let tables = crate::wire::decode_batch(&bytes, &[0; Table::ALL.len()])
+                .unwrap()
+                .finish("r", rank)
+                .tables;
+            view.record("r", rank, &tables);
+        }
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let findings = Findings(Arc::new(move |s: &RunSnapshot| {
+            let steps: Vec<usize> = s.ranks.iter().map(|r| r.steps.len()).collect();
+            record.lock().unwrap().push(steps);
+            vec![serde_json::json!({"kind": "seen"})]
+        }));
+        let live = LiveEndpoints::new(view, None).with_findings(Some(findings));
+        let answer = live.snapshot("r", 32).unwrap();
+        assert_eq!(*seen.lock().unwrap(), [vec![64, 64, 64]]);
+        assert_eq!(answer.findings.len(), 1);
+        let firsts: Vec<u64> = answer.ranks.iter().map(|r| r.steps[0].step).collect();
+        assert_eq!(firsts, [106, 95, 86]);
+        assert!(answer.ranks.iter().all(|r| r.steps.len() == 32));
+        // A longer answer than the view keeps is what it keeps.
+        let all = live.snapshot("r", 500).unwrap();
+        assert!(all.ranks.iter().all(|r| r.steps.len() == 64));
     }
 
     #[test]

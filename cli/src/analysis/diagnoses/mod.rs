@@ -49,6 +49,13 @@ pub struct StepRecord {
     /// Launch to completion of the step's gradient all-reduce (DDP only).
     pub comm_ms: Option<f64>,
     pub overhead_ms: f64,
+    /// The agent's device time read in this step (null on CPU).
+    #[serde(default)]
+    pub overhead_device_ms: Option<f64>,
+    /// The step's observed slowdown, on sampled steps and the steps their
+    /// work was in flight (signed).
+    #[serde(default)]
+    pub overhead_observed_ms: Option<f64>,
     pub loss: Option<f64>,
     pub grad_norm: Option<f64>,
     pub rss_bytes: Option<u64>,
@@ -65,6 +72,9 @@ pub struct LayerRecord {
     pub effective_rank: Option<f64>,
     pub zero_fraction: Option<f64>,
     pub nonfinite: u64,
+    /// The metrics thread's time computing this row: what sampling the layer cost.
+    #[serde(default)]
+    pub compute_ms: Option<f64>,
 }
 
 /// One row of the `events` table.
@@ -74,6 +84,8 @@ pub struct EventRecord {
     pub kind: String,
     pub value: Option<i64>,
     pub step: Option<u64>,
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 /// A run, as the diagnoses see it. Rows may come in any order.
@@ -121,8 +133,9 @@ pub struct Thresholds {
     pub skew_share: f64,
     /// Shard skew: fewest ranks for a robust z-score.
     pub skew_min_ranks: usize,
-    /// Agent overhead budget: overhead_ms / step_ms per rank, for a run that
-    /// did not record its own (`runs.overhead_budget`; the agent's default).
+    /// Agent overhead budget, held on each share (cpu, device, observed) per
+    /// rank, for a run that did not record its own (`runs.overhead_budget`;
+    /// the agent's default).
     pub overhead_budget: f64,
 }
 

@@ -91,6 +91,8 @@ pub fn build(ranks: u32, nodes: u32, steps: u64, seed: u64, slow: &[Slowdown]) -
                 optimizer_ms: Some(optimizer),
                 comm_ms: Some(comm),
                 overhead_ms: jitter(&mut rng, 0.05, 0.1),
+                overhead_device_ms: None,
+                overhead_observed_ms: None,
                 loss: Some(2.0 * (-(step as f64) / 100.0).exp() + 0.1 + 0.01 * normal(&mut rng)),
                 grad_norm: Some(1.0),
                 rss_bytes: Some((2e9 + 1e6 * normal(&mut rng)) as u64),
@@ -108,6 +110,7 @@ pub fn build(ranks: u32, nodes: u32, steps: u64, seed: u64, slow: &[Slowdown]) -
                         effective_rank: Some(smooth * (1.0 + 0.02 * normal(&mut rng))),
                         zero_fraction: Some(0.3 + 0.01 * normal(&mut rng)),
                         nonfinite: 0,
+                        compute_ms: Some(0.5 * (i + 1) as f64),
                     });
                 }
             }

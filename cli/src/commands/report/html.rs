@@ -40,6 +40,7 @@ details pre { font-size: 12px; background: #f6f6f6; padding: 8px; overflow-x: au
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
 th, td { border-bottom: 1px solid #eee; padding: 3px 10px; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
+.over { color: #b3261e; font-weight: 600; }
 .grid { display: flex; flex-wrap: wrap; gap: 8px; }
 svg { display: block; }
 ";
@@ -372,6 +373,7 @@ fn overhead(h: &mut String, report: &Report) -> anyhow::Result<()> {
         h,
         "<section id=\"overhead\"><h2>Agent overhead per rank</h2>"
     )?;
+    overhead_table(h, report)?;
     let overhead: Vec<(u32, Option<f64>)> = report
         .ranks
         .iter()
@@ -384,6 +386,18 @@ fn overhead(h: &mut String, report: &Report) -> anyhow::Result<()> {
         &overhead,
         "no steps recorded",
     )?;
+    let observed: Vec<(u32, Option<f64>)> = report
+        .ranks
+        .iter()
+        .map(|r| (r.rank, r.observed_pct))
+        .collect();
+    per_rank_bars(
+        h,
+        "observed slowdown of the sampled steps, % of step time",
+        "observed %",
+        &observed,
+        "no step carries an observed slowdown (a run before the figure, or no sample yet)",
+    )?;
     let cpu: Vec<(u32, Option<f64>)> = report.ranks.iter().map(|r| (r.rank, r.cpu_pct)).collect();
     per_rank_bars(
         h,
@@ -395,18 +409,68 @@ fn overhead(h: &mut String, report: &Report) -> anyhow::Result<()> {
     let dropped: i64 = report.ranks.iter().map(|r| r.samples_dropped).sum();
     let rows: i64 = report.ranks.iter().map(|r| r.rows_dropped).sum();
     let skipped: i64 = report.ranks.iter().map(|r| r.samples_skipped).sum();
-    let budget = report
-        .run
-        .overhead_budget
-        .map_or("not recorded".to_string(), |b| {
-            format!(
-                "{} of each process's CPU time (RANKSCOPE_OVERHEAD_BUDGET)",
-                diagnoses::budget_percent(b)
-            )
-        });
     writeln!(
         h,
-        "<p class=\"meta\">overhead budget: {budget} · activation samples skipped within it: {skipped} · dropped: {dropped} · rows dropped: {rows}</p></section>"
+        "<p class=\"meta\">activation samples skipped within the budget: {skipped} · dropped: {dropped} · rows dropped: {rows}</p></section>"
+    )?;
+    Ok(())
+}
+
+/// Per rank, the agent's cost on each share of its budget, beside the budget;
+/// a share above it is marked. The device column shows only when a rank has
+/// device figures.
+fn overhead_table(h: &mut String, report: &Report) -> anyhow::Result<()> {
+    if report.ranks.is_empty() {
+        return Ok(());
+    }
+    let budget = report.run.overhead_budget.filter(|b| *b > 0.0 && *b < 1.0);
+    let with_device = report.ranks.iter().any(|r| r.device_pct.is_some());
+    let cell = |v: Option<f64>| match v {
+        None => "<td>-</td>".to_string(),
+        Some(v) if budget.is_some_and(|b| v > 100.0 * b) => {
+            format!("<td class=\"over\">{v:.2}</td>")
+        }
+        Some(v) => format!("<td>{v:.2}</td>"),
+    };
+    writeln!(
+        h,
+        "<p class=\"meta\">overhead budget: {}</p>",
+        report.run.overhead_budget.map_or("not recorded".to_string(), |b| {
+            format!(
+                "{} of each process's CPU time (the cpu share) and of its step time (the device \
+                 and observed shares){} (RANKSCOPE_OVERHEAD_BUDGET; docs/metrics.md, \
+                 \"Which steps are sampled\")",
+                diagnoses::budget_percent(b),
+                if b >= 1.0 { ": no limit" } else { "" }
+            )
+        })
+    )?;
+    h.push_str("<table><tr><th>rank</th><th>host % of step time</th>");
+    if with_device {
+        h.push_str("<th>device %</th>");
+    }
+    h.push_str("<th>observed %</th><th>observed steps</th><th>process CPU %</th></tr>\n");
+    for r in &report.ranks {
+        write!(h, "<tr><td>{}</td>{}", r.rank, cell(r.overhead_pct))?;
+        if with_device {
+            h.push_str(&cell(r.device_pct));
+        }
+        writeln!(
+            h,
+            "{}<td>{}</td>{}</tr>",
+            cell(r.observed_pct),
+            r.observed_steps,
+            cell(r.cpu_pct)
+        )?;
+    }
+    writeln!(
+        h,
+        "</table><p class=\"note\">host: Σ overhead_ms / Σ step_ms (the agent on the training \
+         thread); device: Σ overhead_device_ms / Σ step_ms; observed: the median slowdown of the \
+         steps that carry one (sampled steps and those their work was in flight) times their \
+         count, over Σ step_ms, so a step slow for another reason does not count whole; process \
+         CPU: the agent's share of the process's CPU time, reported at finish. Marked: above the \
+         budget.</p>"
     )?;
     Ok(())
 }
@@ -437,6 +501,9 @@ fn layers(h: &mut String, layers: &[LayerSummary]) -> anyhow::Result<()> {
             escape(&l.layer)
         ));
         h.push_str(&plots::lines(&l.layer, "", &series, &marks, SMALL)?);
+        if let Some(note) = l.coverage.as_ref().and_then(|c| c.note.as_ref()) {
+            h.push_str(&format!("<p class=\"note thin\">{}</p>", escape(note)));
+        }
         h.push_str("</div>");
     }
     writeln!(h, "</div></section>")?;

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::analysis::agent_cost;
+use crate::analysis::coverage::{self, Coverage};
 use crate::analysis::diagnoses::{self, Diagnosis, RunData, Thresholds};
 use crate::analysis::jumps::{self, Jump, JumpConfig};
 use crate::output_query::{Dataset, RunInfo, floats, ints, literal, strings};
@@ -67,6 +69,11 @@ pub struct PhaseStats {
     pub mean: f64,
     /// Steps that timed the phase.
     pub steps: u64,
+    /// The step-to-step spread: 1.4826 · median |x − p50| (the normal-consistent
+    /// MAD); `compare` derives its noise band from it. Absent in reports
+    /// written before it was added.
+    #[serde(default)]
+    pub mad: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -84,6 +91,18 @@ pub struct RankSummary {
     /// in reports written before it was added.
     #[serde(default)]
     pub cpu_pct: Option<f64>,
+    /// Σ overhead_device_ms / Σ step_ms, in percent: the agent's device time;
+    /// absent where the rank recorded none (CPU) and in older reports.
+    #[serde(default)]
+    pub device_pct: Option<f64>,
+    /// The observed slowdown, in percent of step time: median
+    /// overhead_observed_ms × `observed_steps` / Σ step_ms
+    /// (`analysis::agent_cost`); absent where no step has a value.
+    #[serde(default)]
+    pub observed_pct: Option<f64>,
+    /// Steps with an overhead_observed_ms value.
+    #[serde(default)]
+    pub observed_steps: u64,
     pub peak_rss_bytes: Option<u64>,
     pub peak_device_allocated_bytes: Option<u64>,
     pub samples_dropped: i64,
@@ -166,6 +185,11 @@ pub struct LayerSummary {
     /// The last sampled step's mean over ranks.
     pub final_zero_fraction: Option<f64>,
     pub nonfinite: u64,
+    /// Planned samples against those measured, and whether the series carries
+    /// a trend (`analysis::coverage`); when it does not, the trends' `change`
+    /// is null and `note` says why. Absent in reports written before it.
+    #[serde(default)]
+    pub coverage: Option<Coverage>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -206,7 +230,7 @@ pub fn build(dataset: &Dataset, info: &RunInfo, data: &RunData) -> anyhow::Resul
         },
         ranks,
         loss: loss_summary(dataset, &id)?,
-        layers: layer_summaries(dataset, &id, data)?,
+        layers: layer_summaries(dataset, &id, data, info.sample_every)?,
         model: model(dataset, &id)?,
         diagnoses: diagnoses::diagnose(data, &Thresholds::default()),
     })
@@ -235,6 +259,8 @@ fn rank_summaries(
     select += &format!(" FROM steps WHERE run_id = {id} GROUP BY rank ORDER BY rank");
     let events = dataset.rank_events(run_id)?;
     let mut comm = comm_by_rank(dataset, &id)?;
+    let spread = phase_mads(dataset, &id)?;
+    let costs = agent_cost::rank_costs(&data.steps);
     let mut out = Vec::new();
     for b in &dataset.sql(&select)? {
         let (rank, steps) = (ints(b, "rank")?, ints(b, "steps")?);
@@ -268,11 +294,13 @@ fn rank_summaries(
                             p99,
                             mean,
                             steps: n as u64,
+                            mad: spread.get(&(r, *phase)).copied(),
                         },
                     );
                 }
             }
             let e = events.get(&r).copied().unwrap_or_default();
+            let cost = costs.get(&(r as u32)).cloned().unwrap_or_default();
             out.push(RankSummary {
                 rank: r as u32,
                 node_rank: info.map_or(0, |x| x.node_rank),
@@ -281,6 +309,9 @@ fn rank_summaries(
                 phases,
                 overhead_pct: overhead[i],
                 cpu_pct: e.cpu_pct(),
+                device_pct: cost.device.map(|d| 100.0 * d),
+                observed_pct: cost.observed.map(|o| 100.0 * o),
+                observed_steps: cost.observed_steps as u64,
                 peak_rss_bytes: rss[i].map(|v| v as u64),
                 peak_device_allocated_bytes: dev[i].map(|v| v as u64),
                 samples_dropped: e.samples_dropped,
@@ -288,6 +319,38 @@ fn rank_summaries(
                 rows_dropped: e.rows_dropped,
                 comm: comm.remove(&r).unwrap_or_default(),
             });
+        }
+    }
+    Ok(out)
+}
+
+/// Per (rank, phase), the normal-consistent median absolute deviation of the
+/// phase's time over the rank's steps.
+fn phase_mads(dataset: &Dataset, id: &str) -> anyhow::Result<BTreeMap<(i64, &'static str), f64>> {
+    let (mut medians, mut deviations) = (Vec::new(), Vec::new());
+    for phase in PHASES {
+        medians.push(format!("median({phase}_ms) AS {phase}_m"));
+        deviations.push(format!(
+            "1.4826 * median(abs(s.{phase}_ms - m.{phase}_m)) AS {phase}_mad"
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for b in &dataset.sql(&format!(
+        "WITH m AS (SELECT rank, {} FROM steps WHERE run_id = {id} GROUP BY rank)
+         SELECT CAST(s.rank AS BIGINT) AS rank, {}
+         FROM steps s JOIN m ON m.rank = s.rank
+         WHERE s.run_id = {id} GROUP BY s.rank",
+        medians.join(", "),
+        deviations.join(", ")
+    ))? {
+        let rank = ints(b, "rank")?;
+        for phase in PHASES {
+            let mad = floats(b, &format!("{phase}_mad"))?;
+            for i in 0..b.num_rows() {
+                if let (Some(r), Some(v)) = (rank[i], mad[i]) {
+                    out.insert((r, phase), v);
+                }
+            }
         }
     }
     Ok(out)
@@ -378,8 +441,10 @@ fn layer_summaries(
     dataset: &Dataset,
     id: &str,
     data: &RunData,
+    sample_every: Option<u64>,
 ) -> anyhow::Result<Vec<LayerSummary>> {
     let mut series = diagnoses::layer_series(data);
+    let mut covered = coverage::layer_coverage(data, sample_every);
     let mut out = Vec::new();
     for b in &dataset.sql(&format!(
         "WITH last AS (SELECT layer, max(step) AS step FROM layers WHERE run_id = {id} GROUP BY layer)
@@ -395,10 +460,16 @@ fn layer_summaries(
         let zero = floats(b, "zero_fraction")?;
         for i in 0..b.num_rows() {
             let layer = name[i].clone().unwrap_or_default();
+            let coverage = covered.remove(&layer);
+            let reliable = coverage.as_ref().is_none_or(|c| c.trend_reliable);
             let mut take = |metric: &str| {
-                series
+                let mut t = series
                     .remove(&(layer.clone(), metric.to_string()))
-                    .and_then(trend)
+                    .and_then(trend)?;
+                if !reliable {
+                    t.change = None;
+                }
+                Some(t)
             };
             out.push(LayerSummary {
                 stable_rank: take("stable_rank"),
@@ -407,6 +478,7 @@ fn layer_summaries(
                 samples: samples[i].unwrap_or_default() as u64,
                 final_zero_fraction: zero[i],
                 nonfinite: nonfinite[i].unwrap_or_default() as u64,
+                coverage,
             });
         }
     }

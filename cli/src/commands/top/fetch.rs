@@ -197,6 +197,7 @@ pub fn merge_run(parts: Vec<RunSnapshot>) -> Option<RunSnapshot> {
         s.updated_us = s.updated_us.max(part.summary.updated_us);
         merged.now_us = merged.now_us.max(part.now_us);
         merged.steps_kept = merged.steps_kept.max(part.steps_kept);
+        merged.sample_every = merged.sample_every.or(part.sample_every);
         merged.counters.add(&part.counters);
         for rank in part.ranks {
             let newest =

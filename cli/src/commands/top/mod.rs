@@ -47,8 +47,9 @@ The rows are the ranks: the last step, its time, its all-reduce time (comm ms),
 its phases as a bar (d data, f forward, b backward, o optimizer), its memory
 (device allocated, else RSS), samples dropped/skipped, and its step time over
 the recent steps against the median rank's (░ within 5%, ▒ 25%, ▓ 60%, █
-slower). The live diagnoses are report's (docs/diagnoses.md) over the recent
-steps, each with the step at which it fired.")]
+slower). The live diagnoses are report's (docs/diagnoses.md) over every step
+the collectors keep (their --live-steps, 64 per rank) that all ranks have, each
+with the step at which it fired.")]
 pub struct Args {
     /// The collectors' --http addresses (HOST:PORT), comma-separated: every
     /// collector of a sharded run, whose ranks top merges.
@@ -69,7 +70,8 @@ pub struct Args {
     /// How often to read the collectors.
     #[arg(long, default_value_t = duration_arg::Arg(Duration::from_secs(1)), value_parser = duration_arg::parse_arg)]
     pub interval: duration_arg::Arg,
-    /// Steps per rank to read (the heatmap's and the diagnoses' window).
+    /// Steps per rank to show (the heatmap's window); the diagnoses read every
+    /// step the collectors keep (their --live-steps).
     #[arg(long, default_value_t = 32)]
     pub steps: usize,
     /// Print one frame as text and exit, instead of the interactive screen.
@@ -217,9 +219,15 @@ impl Top {
             }
             return;
         }
+        // Every step the collectors keep, for the diagnoses: the ranks' newest
+        // steps differ by up to a batch, and the diagnoses compare only the
+        // steps every rank has. The view draws the last `steps`.
         let mut parts = Vec::new();
         for c in &self.collectors {
-            match c.run(&run_id, self.steps) {
+            match c.run(
+                &run_id,
+                rankscope_collector::live::MAX_STEPS.max(self.steps),
+            ) {
                 Ok(Some(part)) => parts.push(part),
                 Ok(None) => {}
                 Err(why) => {
@@ -238,6 +246,9 @@ impl Top {
             Some(run) => self.diagnoses.update(run),
             None => Vec::new(),
         };
+        if let Some(run) = &mut self.run {
+            run.keep_last_steps(self.steps);
+        }
     }
 
     fn screen(&self) -> Screen<'_> {
@@ -393,5 +404,131 @@ mod tests {
             .map(|c| c.symbol())
             .collect();
         assert!(text.contains("at least 80x20"), "{text}");
+    }
+
+    /// One frame of a run of one rank at step 399, sampled every 10 steps,
+    /// whose layer `fc` holds samples at `sampled`.
+    fn frame_of_layer(sampled: &[u64]) -> String {
+        use rankscope_collector::live::snapshot::{
+            LayerLive, LayerPoint, RankLive, RunSummary, StepPoint,
+        };
+        let run = RunSnapshot {
+            summary: RunSummary {
+                run_id: "r".into(),
+                world_size: 1,
+                ranks_seen: 1,
+                last_step: Some(399),
+                ..Default::default()
+            },
+            sample_every: Some(10),
+            ranks: vec![RankLive {
+                rank: 0,
+                steps: (368..400)
+                    .map(|step| StepPoint {
+                        step,
+                        step_ms: 10.0,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            layers: vec![LayerLive {
+                layer: "fc".into(),
+                rank: 0,
+                history: sampled
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &step)| LayerPoint {
+                        step,
+                        stable_rank: Some(4.0 - i as f64 * 0.1),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }],
+            ..Default::default()
+        };
+        frame(run)
+    }
+
+    /// One frame of `run`, as `top` draws it after a read (each rank's last
+    /// 32 steps).
+    fn frame(mut run: RunSnapshot) -> String {
+        run.keep_last_steps(32);
+        let mut top = Top::new(Vec::new(), 32, None);
+        top.run = Some(run);
+        let mut terminal = Terminal::new(TestBackend::new(240, 40)).unwrap();
+        terminal.draw(|f| view::draw(f, &top.screen())).unwrap();
+        let buffer = terminal.backend().buffer();
+        (0..buffer.area.height)
+            .map(|y| {
+                let line: String = (0..buffer.area.width)
+                    .map(|x| buffer[(x, y)].symbol())
+                    .collect();
+                line + "\n"
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_thin_layer_says_so_instead_of_a_trend() {
+        // The budget let 4 of the 32 planned samples since step 80 in.
+        let text = frame_of_layer(&[80, 160, 240, 390]);
+        assert!(
+            text.contains("28 of 32 planned samples skipped: trends unreliable"),
+            "{text}"
+        );
+        assert!(text.contains("28 of 32 skipped"), "{text}");
+        // Every planned sample in: a trend, no note.
+        let full: Vec<u64> = (0..32).map(|i| 80 + 10 * i).collect();
+        let text = frame_of_layer(&full);
+        assert!(!text.contains("planned samples"), "{text}");
+        assert!(!text.contains("of 32 skipped"), "{text}");
+    }
+
+    #[test]
+    fn each_rank_shows_what_the_agent_cost_it() {
+        use rankscope_collector::live::snapshot::{RankLive, RunSummary, StepPoint};
+        // Rank 0: 0.1 ms of 10 ms steps on the training thread (1 %); the
+        // sampled steps (every 8th) and the next 0.4 ms slower (8 of 32 steps:
+        // 1 %). Rank 1 has device figures too: 0.4 ms a sampled step (0.5 %).
+        let rank = |rank: u32| RankLive {
+            rank,
+            steps: (368..400)
+                .map(|step| StepPoint {
+                    step,
+                    step_ms: 10.0,
+                    overhead_ms: 0.1,
+                    overhead_observed_ms: (step % 8 < 2).then_some(0.4),
+                    overhead_device_ms: (rank == 1).then_some(if step % 8 == 0 {
+                        0.4
+                    } else {
+                        0.0
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let run = RunSnapshot {
+            summary: RunSummary {
+                run_id: "r".into(),
+                world_size: 2,
+                ranks_seen: 2,
+                last_step: Some(399),
+                ..Default::default()
+            },
+            ranks: vec![rank(0), rank(1)],
+            ..Default::default()
+        };
+        let text = frame(run);
+        assert!(text.contains("agent % h/o/d"), "{text}");
+        let row = |r: &str| {
+            text.lines()
+                .find(|l| l.trim_start_matches(['│', ' ']).starts_with(r))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(row("0 ").contains(" 1.0/1.0 "), "{text}");
+        assert!(row("1 ").contains(" 1.0/1.0/0.5 "), "{text}");
     }
 }

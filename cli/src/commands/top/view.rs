@@ -3,8 +3,9 @@
 //!
 //! The screen, top to bottom: a header (run, ranks, step, collectors, counters),
 //! the live diagnoses, the ranks table (one row per rank: step, step ms, comm
-//! ms, the phase split as a bar, memory, samples dropped/skipped, and a heatmap
-//! of its step time over the recent steps), then the loss and throughput
+//! ms, the phase split as a bar, memory, samples dropped/skipped, the agent's
+//! cost per share of its budget, and a heatmap of its step time over the
+//! recent steps), then the loss and throughput
 //! sparklines and the layer panel, and the keys.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,8 +16,10 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Sparkline, Table, Wrap};
 
+use rankscope_collector::live::cost::AgentCost;
 use rankscope_collector::live::snapshot::{RankLive, RunSnapshot, StepPoint};
 
+use crate::analysis::coverage::{self, Coverage};
 use crate::analysis::live::Finding;
 
 /// The smallest terminal `top` draws in.
@@ -93,6 +96,22 @@ fn bytes(b: Option<u64>) -> String {
 fn ms(v: Option<f64>) -> String {
     v.filter(|v| v.is_finite())
         .map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+/// What the agent cost a rank over the steps shown, in percent of their step
+/// time: host (its time on the training thread) / observed (the robust sum of
+/// the sampled steps' slowdown) and, where the rank has device figures,
+/// / device. `-` for a share with no figure.
+fn agent_cost(c: Option<&AgentCost>) -> String {
+    let Some(c) = c.filter(|c| c.steps > 0) else {
+        return "-".into();
+    };
+    let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.1}", 100.0 * v));
+    let mut text = format!("{}/{}", pct(Some(c.host)), pct(c.observed));
+    if c.device.is_some() {
+        text += &format!("/{}", pct(c.device));
+    }
+    text
 }
 
 /// A rank's memory: device allocated bytes where recorded, else RSS.
@@ -316,7 +335,8 @@ fn draw_findings(frame: &mut Frame, area: Rect, screen: &Screen) {
 
 fn draw_ranks(frame: &mut Frame, area: Rect, run: &RunSnapshot, screen: &Screen) {
     const PHASE_WIDTH: usize = 12;
-    let fixed: u16 = 6 + 8 + 9 + 9 + PHASE_WIDTH as u16 + 8 + 11 + 8 + 2;
+    const COST_WIDTH: u16 = 15;
+    let fixed: u16 = 6 + 8 + 9 + 9 + PHASE_WIDTH as u16 + 8 + 11 + COST_WIDTH + 8 + 2;
     let heat_width = area.width.saturating_sub(fixed).max(1) as usize;
     let medians = step_medians(run);
     let recent: Vec<u64> = medians
@@ -356,6 +376,7 @@ fn draw_ranks(frame: &mut Frame, area: Rect, run: &RunSnapshot, screen: &Screen)
             Cell::from(p.map_or(Line::from("-"), |p| phase_bar(p, PHASE_WIDTH))),
             Cell::from(bytes(p.and_then(memory))),
             Cell::from(format!("{}/{}", r.samples_dropped, r.samples_skipped)),
+            Cell::from(agent_cost(r.agent_cost.as_ref())),
             Cell::from(if r.finished { "finished" } else { "" }),
             Cell::from(Line::from(heatmap)),
         ])
@@ -368,6 +389,7 @@ fn draw_ranks(frame: &mut Frame, area: Rect, run: &RunSnapshot, screen: &Screen)
         "phases dfbo",
         "memory",
         "drop/skip",
+        "agent % h/o/d",
         "",
         "step time vs median, recent steps",
     ])
@@ -380,6 +402,7 @@ fn draw_ranks(frame: &mut Frame, area: Rect, run: &RunSnapshot, screen: &Screen)
         Constraint::Length(PHASE_WIDTH as u16),
         Constraint::Length(8),
         Constraint::Length(11),
+        Constraint::Length(COST_WIDTH),
         Constraint::Length(8),
         Constraint::Min(1),
     ];
@@ -465,19 +488,40 @@ fn draw_bottom(frame: &mut Frame, area: Rect, run: &RunSnapshot) {
             target,
         );
     }
-    let rows = run.layers.iter().map(|l| {
+    let coverage: Vec<Coverage> = run
+        .layers
+        .iter()
+        .map(|l| coverage::live_layer(l, run))
+        .collect();
+    // The layer with the thinnest series says why in the panel's title; each
+    // thin layer's row says how thin instead of drawing a trend.
+    let thinnest = coverage
+        .iter()
+        .filter(|c| c.note.is_some())
+        .max_by_key(|c| c.skipped.unwrap_or(0));
+    let title = match thinnest.and_then(|c| c.note.as_ref()) {
+        Some(note) => format!(" layers ({}): {note} ", run.layers.len()),
+        None => format!(" layers ({}) ", run.layers.len()),
+    };
+    let rows = run.layers.iter().zip(&coverage).map(|(l, c)| {
         let latest = l.history.last();
         let get = |f: fn(&rankscope_collector::live::snapshot::LayerPoint) -> Option<f64>| {
             latest.and_then(f).map_or("-".into(), |v| format!("{v:.2}"))
         };
         let trend: Vec<f64> = l.history.iter().filter_map(|p| p.stable_rank).collect();
         let trend = &trend[trend.len().saturating_sub(16)..];
-        let spark: String = scaled(trend)
-            .iter()
-            .map(|v| {
-                ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'][((*v - 1) * 8 / 1000).min(7) as usize]
-            })
-            .collect();
+        let spark: String = match (c.trend_reliable, c.planned, c.skipped) {
+            (false, Some(planned), Some(skipped)) if skipped > 0 => {
+                format!("{skipped} of {planned} skipped")
+            }
+            (false, ..) => format!("{} samples", c.measured),
+            _ => scaled(trend)
+                .iter()
+                .map(|v| {
+                    ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'][((*v - 1) * 8 / 1000).min(7) as usize]
+                })
+                .collect(),
+        };
         let nonfinite = latest.map_or(0, |p| p.nonfinite);
         Row::new(vec![
             Cell::from(l.layer.clone()),
@@ -513,7 +557,7 @@ fn draw_bottom(frame: &mut Frame, area: Rect, run: &RunSnapshot) {
                 ])
                 .style(Style::default().add_modifier(Modifier::BOLD)),
             )
-            .block(Block::bordered().title(format!(" layers ({}) ", run.layers.len()))),
+            .block(Block::bordered().title(title)),
         layers_area,
     );
 }
