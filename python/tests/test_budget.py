@@ -90,6 +90,18 @@ def test_the_budget_skips_samples_for_the_observed_slowdown_and_says_why(collect
     assert len(sampled_steps) < 40, sampled_steps
     gaps = [b - a for a, b in zip([0] + sampled_steps, sampled_steps + [400])]
     assert max(gaps) <= 105, sampled_steps
+    # The report's agent_overhead diagnosis fires on the observed share, which the
+    # agent's CPU clocks never saw.
+    report = collector.out.parent / "report.json"
+    subprocess.run(
+        [sys.executable, "-m", "rankscope", "report", str(collector.out), "--json", str(report)],
+        check=True,
+        capture_output=True,
+    )
+    diagnoses = json.loads(report.read_text())["diagnoses"]
+    overhead = next((d for d in diagnoses if d["kind"] == "agent_overhead"), None)
+    assert overhead is not None, diagnoses
+    assert "the observed share" in overhead["message"], overhead["message"]
 
 
 def test_the_device_sides_time_lands_in_overhead_device_ms(collector):
