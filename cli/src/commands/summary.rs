@@ -109,8 +109,8 @@ pub fn summarise_dataset(data: &Dataset, run_id: &str) -> anyhow::Result<String>
     }
     text += "(overhead %: the agent's time on the training thread as a share of step time; \
              agent cpu %: the agent's share of the process's CPU time, reported when it finished; \
-             observed %: the step time that sampling cost, the median overhead_observed_ms of the \
-             steps that carry one times their count, as a share of step time";
+             observed %: the step time that sampling cost, the median over sampled spans of their \
+             mean overhead_observed_ms times the steps that carry one, as a share of step time";
     if with_device {
         text += "; device %: the agent's device time as a share of step time";
     }

@@ -209,6 +209,14 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
                 .or_default() += 1;
         }
     }
+    // Sampled steps the floor took over the budget (one every 100 steps): sampling
+    // less often does not remove them, and the user should know they were chosen.
+    let floor: u64 = run
+        .events
+        .iter()
+        .filter(|e| e.kind == event_kind::SAMPLES_SKIPPED && ranks_over.contains(&e.rank))
+        .filter_map(|e| e.message.as_deref().and_then(floor_steps))
+        .sum();
     // A rank that sampled once took only the first planned sample, which the
     // agent always takes (to learn what a sample costs): sampling less often
     // cannot lower it, a longer run spreads it.
@@ -227,6 +235,12 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
             .map(|(l, ms)| format!("{l} ({ms:.1} ms)"))
             .collect();
         advice += &format!("; the costliest layers to sample: {}", names.join(", "));
+    }
+    if floor > 0 {
+        advice += &format!(
+            "; {floor} sampled step{} the floor's (one sampled step every 100 steps, within 2.5 times the budget, so that every layer's series has points)",
+            if floor == 1 { " was" } else { "s were" }
+        );
     }
     if !budget_limited.is_empty() {
         let named: Vec<String> = budget_limited
@@ -253,6 +267,17 @@ pub fn agent_overhead(run: &RunData, t: &Thresholds) -> Option<Diagnosis> {
             budget_limited,
         }),
     })
+}
+
+/// The steps the floor sampled over the budget, from a `samples_skipped` event's
+/// message (`...; 2 steps sampled by the floor (one every 100 steps) over the
+/// budget`).
+fn floor_steps(message: &str) -> Option<u64> {
+    let before = message.split(" steps sampled by the floor").next()?;
+    if before.len() == message.len() {
+        return None;
+    }
+    before.rsplit(' ').next()?.parse().ok()
 }
 
 /// An overhead budget given as a fraction, written as RANKSCOPE_OVERHEAD_BUDGET
@@ -420,6 +445,13 @@ mod tests {
             step: Some(20),
             message: Some("skipped: the observed share is 1.4 times its room".into()),
         });
+        run.events.push(EventRecord {
+            rank: 1,
+            kind: "samples_skipped".into(),
+            value: Some(3),
+            step: None,
+            message: Some("planned activation samples not taken: 3 (...); 1 planned steps skipped, each whole (...); 2 steps sampled by the floor (one every 100 steps) over the budget".into()),
+        });
         let d = agent_overhead(&run, &t).expect("over budget in the observed share");
         let Evidence::AgentOverhead(e) = &d.evidence else {
             panic!()
@@ -452,6 +484,12 @@ mod tests {
             "{}",
             d.message
         );
+        assert!(
+            d.message.contains("; 2 sampled steps were the floor's"),
+            "{}",
+            d.message
+        );
+        assert_eq!(floor_steps("no floor here"), None);
 
         // Rank 2 spends 3 % of its step time on the GPU: the device share, and
         // the first named.
