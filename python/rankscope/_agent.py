@@ -46,10 +46,12 @@ def init(
     - ``layers``: layer name patterns with ``*`` wildcards, as a comma-separated
       string or a list (default: all watched layers);
     - ``max_rows``: row cap of each activation matrix (default 4096);
-    - ``overhead_budget``: the agent's share of the process's CPU time, as a
-      fraction (``0.02``) or a percentage string (``"2%"``); planned samples it
-      has no room for are skipped and counted (``RANKSCOPE_OVERHEAD_BUDGET``,
-      default ``2%``; ``1.0`` or ``"100%"`` takes them all);
+    - ``overhead_budget``: the agent's share of the process's CPU time, of the
+      GPU's time and of the observed step time, as a fraction (``0.02``) or a
+      percentage string (``"2%"``); planned samples it has no room for are
+      skipped and counted, and one sampled step every 100 steps is taken within
+      2.5 times the budget (``RANKSCOPE_OVERHEAD_BUDGET``, default ``2%``;
+      ``1.0`` or ``"100%"`` takes them all);
     - ``workload``: a label for the ``runs`` table.
 
     Where this rank records nothing (``mode="off"``, or ``rank0`` on another rank)

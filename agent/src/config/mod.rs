@@ -30,7 +30,7 @@
 //! | `RANKSCOPE_CONV_LAYOUT` | `channelwise` or `flatten` | `channelwise` |
 //! | `RANKSCOPE_SPECTRUM` | `auto`, `exact` or `sketch`: how the spectral columns are computed (`auto` sketches matrices with at least `RANKSCOPE_SKETCH_THRESHOLD` rows and columns; the `layers.method` column says which ran) | `auto` |
 //! | `RANKSCOPE_SKETCH_THRESHOLD` | the smaller side (min of rows and columns) from which `auto` sketches | `1536` |
-//! | `RANKSCOPE_OVERHEAD_BUDGET` | the agent's share of the process's CPU time, measured (its threads' CPU clocks plus its time on the training thread) over a sliding window; planned samples it has no room for are skipped, and counted (see [`crate::budget`]); `100%` takes every planned sample | `2%` |
+//! | `RANKSCOPE_OVERHEAD_BUDGET` | the agent's share, held on three shares: of the process's CPU time (its threads' CPU clocks plus its time on the training thread, over a sliding window), and of the wall time, its device time and the observed slowdown of the steps; planned samples it has no room for are skipped, and counted, and one sampled step every 100 steps is taken within 2.5 times the budget (see [`crate::budget`]); `100%` takes every planned sample | `2%` |
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
 //! | `RANKSCOPE_TOKEN` | bearer token the collector requires (`--token-file`) | none |
 //! | `RANKSCOPE_SPILL_DIR` | where unacknowledged batches wait on disk (`off`: memory only) | `rankscope-spill-$USER` in the temporary directory |
@@ -106,7 +106,8 @@ pub struct AgentConfig {
     pub spill_max_bytes: u64,
     /// TLS to the collector (`RANKSCOPE_TLS_*`); `None` is plaintext.
     pub tls: Option<ClientTls>,
-    /// The agent's share of the process's CPU time (`RANKSCOPE_OVERHEAD_BUDGET`).
+    /// The agent's share of the process's CPU time, and of the steps' wall time on
+    /// the device and observed shares (`RANKSCOPE_OVERHEAD_BUDGET`).
     pub overhead_budget: OverheadBudget,
 }
 
