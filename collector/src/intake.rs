@@ -25,7 +25,7 @@ use crate::wire;
 /// beside a 32 MiB bound with the streams' share taken out, and resident memory up
 /// to 65 MiB above the allocator's in-use peak over 12.6 M rows (BENCHMARKS.md,
 /// "the memory bound bounds RSS"). 96 MiB let 1,024 streams reach 514 MiB once
-/// in 12 runs; 112 MiB kept them at 455–498 MiB ("session 11").
+/// in 12 runs; 112 MiB kept them at 455–498 MiB.
 pub const RESERVED_BYTES: usize = 112 << 20;
 
 /// Memory an open stream takes beside its messages: HTTP/2 connection state and

@@ -221,6 +221,8 @@ impl BudgetController {
     /// started) with the cumulative CPU times `now`. `expected_ns` is what the
     /// sample and the work still queued will cost the agent; `None` when the cost
     /// is not known yet (no sample taken so far): the sample is taken to learn it.
+    /// The sampler reads [`BudgetController::demand`]; the tests ask this.
+    #[cfg(test)]
     pub fn allows(&mut self, at: Duration, now: CpuTimes, expected_ns: Option<u64>) -> bool {
         self.demand(at, now, expected_ns) <= 1.0
     }

@@ -255,11 +255,10 @@ pub(crate) struct Sampler {
     steps_skipped: AtomicU64,
     steps_floor: AtomicU64,
     /// The device time of sample work (an adapter's), all of it and since the last
-    /// step row took it, the samples it covers, and whether any was reported.
+    /// step row took it, and the samples it covers (none: no device side).
     device_ns: AtomicU64,
     device_row_ns: AtomicU64,
     device_samples: AtomicU64,
-    device_seen: AtomicBool,
     slowdown: Mutex<Slowdown>,
     /// The training thread's time on sampled steps' samples (and up to the end of
     /// the first sample alone), and all its time in the agent.
@@ -307,7 +306,6 @@ impl Sampler {
             device_ns: AtomicU64::new(0),
             device_row_ns: AtomicU64::new(0),
             device_samples: AtomicU64::new(0),
-            device_seen: AtomicBool::new(false),
             slowdown: Mutex::default(),
             training_sample_ns: AtomicU64::new(0),
             first_sample_ns: AtomicU64::new(0),
@@ -474,16 +472,13 @@ impl Sampler {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .step(step_ms, sampled, in_flight);
-        let device = self
-            .device_seen
-            .load(Ordering::Relaxed)
+        let device = (self.device_samples.load(Ordering::Relaxed) > 0)
             .then(|| self.device_row_ns.swap(0, Ordering::Relaxed) as f64 / 1e6);
         (observed, device)
     }
 
     /// `ns` of device time spent on `samples` samples (an adapter's side stream).
     pub fn add_device_ns(&self, ns: u64, samples: u64) {
-        self.device_seen.store(true, Ordering::Relaxed);
         self.device_ns.fetch_add(ns, Ordering::Relaxed);
         self.device_row_ns.fetch_add(ns, Ordering::Relaxed);
         self.device_samples.fetch_add(samples, Ordering::Relaxed);
