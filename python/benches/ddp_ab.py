@@ -14,6 +14,11 @@
 4. The first sample of a run against later ones, and the samples a 60-step and a
    1,000-step run get from the default budget (``first_sample.py``).
 
+``--against DIR`` adds another build of the package to the A/B, side by side in the
+same rounds: its sampling arms run with ``DIR`` first on ``PYTHONPATH``. Install it
+there with ``pip install --no-deps --target DIR rankscope-*.whl`` (an older release,
+say, to compare a change before and after).
+
 Every rank gets one intra-op thread, so with 2 ranks on a 2-core machine every
 core is given to training. The collector runs out of process.
 """
@@ -84,11 +89,25 @@ def one_run(args, nproc: int, env_extra: dict, collector: str, result: Path) -> 
     raise SystemExit(f"torchrun failed twice: {' '.join(cmd)}")
 
 
+def configs(against: str | None) -> list[tuple[str, dict]]:
+    """The arms of the A/B: `CONFIGS`, and with `against` its sampling arms again
+    with the package installed in that folder."""
+    if not against:
+        return CONFIGS
+    path = os.pathsep.join(p for p in (against, os.environ.get("PYTHONPATH")) if p)
+    return CONFIGS + [
+        (f"{name} ({Path(against).name})", {**env, "PYTHONPATH": path})
+        for name, env in CONFIGS
+        if env.get("RANKSCOPE_MODE") != "off"
+    ]
+
+
 def ab(args, nproc: int, addr: str, tmp: Path) -> list[str]:
     lines = [""]
-    times: dict[str, list[float]] = {name: [] for name, _ in CONFIGS}
+    arms = configs(args.against)
+    times: dict[str, list[float]] = {name: [] for name, _ in arms}
     for round_ in range(args.rounds):
-        order = CONFIGS[round_ % len(CONFIGS):] + CONFIGS[: round_ % len(CONFIGS)]
+        order = arms[round_ % len(arms):] + arms[: round_ % len(arms)]
         for name, env in order:
             r = one_run(args, nproc, env, addr, tmp / "result.json")
             times[name].append(r["loop_s"] / r["steps_timed"] * 1e3)
@@ -102,7 +121,7 @@ def ab(args, nproc: int, addr: str, tmp: Path) -> list[str]:
     lines.append("")
     lines.append("| configuration | median step ms | vs off |")
     lines.append("|---|---|---|")
-    for name, _ in CONFIGS:
+    for name, _ in arms:
         m = statistics.median(times[name])
         lines.append(f"| {name} | {m:.3f} | {100 * (m / base - 1):+.2f} % |")
     if RETRIES:
@@ -170,6 +189,12 @@ def main() -> int:
         help="comma-separated rank counts, one A/B each (default: 2 = every core of a 2-core "
         "machine to training, then 1 = a core to spare)",
     )
+    p.add_argument(
+        "--against",
+        metavar="DIR",
+        help="another build of the package (pip install --no-deps --target DIR): its sampling "
+        "arms run in the same rounds, with DIR first on PYTHONPATH",
+    )
     p.add_argument("--micro-steps", type=int, default=20000)
     p.add_argument("--accounting-rounds", type=int, default=4)
     p.add_argument("--accounting-steps", type=int, default=2000)
@@ -180,6 +205,9 @@ def main() -> int:
         help="which parts to run, comma-separated (default: all four)",
     )
     args = p.parse_args()
+    if args.against and not (Path(args.against) / "rankscope" / "__init__.py").is_file():
+        p.error(f"--against {args.against}: no rankscope package there; install one with "
+                f"pip install --no-deps --target {args.against} rankscope-*.whl")
     parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         proc, addr = start_collector(Path(tmp) / "out")

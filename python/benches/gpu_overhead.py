@@ -15,7 +15,9 @@ ratio to ``none``, and the share of planned samples that were measured (layers r
 over planned ones, from the agent's own counters), and what the agent recorded of
 its own cost (``Agent.overhead()``: the device time of its side stream and the
 observed slowdown of the sampled steps) against the slowdown measured here (the arm's
-step time less ``none``'s, over the steps). With ``--profile`` the
+step time less ``none``'s, over the steps). ``full@1`` has no unsampled step to
+compare with, so its observed slowdown reads 0 and its recorded cost is the device
+time alone. With ``--profile`` the
 ``full@10`` arm also runs 20 steps under ``torch.profiler`` and counts the
 ``cudaStreamSynchronize``/``cudaDeviceSynchronize`` calls of the agent's threads
 against the training thread's.
@@ -23,7 +25,8 @@ against the training thread's.
     python python/benches/gpu_overhead.py [--rounds 3] [--steps 200] [--profile]
 
 Needs one CUDA GPU; no collector (rows wait in the agent's spill, which is
-removed).
+removed). ``--smoke`` runs the same arms with a tiny GPT on the CPU, to check the
+script itself where there is no GPU (``make test`` does); its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -46,15 +49,23 @@ ARMS = {
 }
 
 
-def child(arm: str, steps: int, warmup: int, profile: bool) -> dict:
+def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool) -> dict:
     import torch
     import torch.nn.functional as F
     from torch import nn
 
     torch.manual_seed(0)
-    device = torch.device("cuda", 0)
-    torch.cuda.set_device(device)
-    d, blocks, heads, seq, batch, vocab = 1024, 8, 16, 512, 16, 8192
+    if smoke:
+        device = torch.device("cpu")
+        d, blocks, heads, seq, batch, vocab = 64, 2, 4, 32, 4, 256
+
+        def synchronize() -> None:
+            pass
+    else:
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        d, blocks, heads, seq, batch, vocab = 1024, 8, 16, 512, 16, 8192
+        synchronize = torch.cuda.synchronize
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -85,7 +96,7 @@ def child(arm: str, steps: int, warmup: int, profile: bool) -> dict:
             return self.head(self.ln(self.blocks(self.embed(x))))
 
     model = GPT().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=not smoke)
     data = torch.randint(0, vocab, (batch, seq + 1), device=device)
     agent = None
     spill = tempfile.mkdtemp(prefix="rankscope-gpu-bench-")
@@ -93,7 +104,7 @@ def child(arm: str, steps: int, warmup: int, profile: bool) -> dict:
         import rankscope
 
         os.environ["RANKSCOPE_SPILL_DIR"] = spill
-        agent = rankscope.init(collector="127.0.0.1:9", run_id=f"gpu-{arm}", **ARMS[arm])
+        agent = rankscope.init(collector="127.0.0.1:9", run_id=f"gpu-{arm.replace('@', '-every-')}", **ARMS[arm])
         agent.watch(model)
 
     def one(i: int) -> None:
@@ -101,7 +112,7 @@ def child(arm: str, steps: int, warmup: int, profile: bool) -> dict:
         ctx = agent.step(i) if agent is not None else None
         if ctx is not None:
             ctx.__enter__()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
         opt.step()
@@ -112,7 +123,7 @@ def child(arm: str, steps: int, warmup: int, profile: bool) -> dict:
 
     for i in range(warmup):
         one(i)
-    torch.cuda.synchronize()
+    synchronize()
     windows = []
     window = 20
     i = warmup
@@ -121,17 +132,18 @@ def child(arm: str, steps: int, warmup: int, profile: bool) -> dict:
         for _ in range(window):
             one(i)
             i += 1
-        torch.cuda.synchronize()
+        synchronize()
         windows.append((time.perf_counter() - started) * 1e3 / window)
     result = {"arm": arm, "step_ms": statistics.median(windows), "timed_steps": steps}
     if profile and agent is not None:
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        activities = [ProfilerActivity.CPU] + ([] if smoke else [ProfilerActivity.CUDA])
+        with torch_profile(activities=activities) as prof:
             for _ in range(20):
                 one(i)
                 i += 1
-            torch.cuda.synchronize()
+            synchronize()
         syncs = [e for e in prof.events() if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize")]
         main = {e.thread for e in prof.events() if e.name.startswith("aten::")}
         result["syncs_total"] = len(syncs)
@@ -159,20 +171,29 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="a tiny GPT on the CPU: checks the script, measures nothing")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.steps, args.warmup, args.profile)))
+        print(json.dumps(child(args.child, args.steps, args.warmup, args.profile, args.smoke)))
         return
     arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
     results: dict = {arm: [] for arm in arms}
     for r in range(args.rounds):
         for arm in arms:
             cmd = [sys.executable, __file__, "--child", arm, "--steps", str(args.steps), "--warmup", str(args.warmup)]
             if args.profile and arm == "full@10" and r == 0:
                 cmd.append("--profile")
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            results[arm].append(json.loads(out.strip().splitlines()[-1]))
+            if args.smoke:
+                cmd.append("--smoke")
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                tail = "\n".join(done.stderr.splitlines()[-20:])
+                sys.exit(f"arm {arm} (round {r + 1}) failed with exit code {done.returncode}:\n{tail}")
+            results[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1} {arm}: {results[arm][-1]}", file=sys.stderr)
     base = statistics.median(x["step_ms"] for x in results["none"]) if "none" in results else None
     print(f"| arm | step ms (median of {args.rounds}) | vs none | planned samples measured | recorded (device + observed) / measured slowdown |")
