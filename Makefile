@@ -117,16 +117,21 @@ $(ZIG_STAMP): $(STAMP)
 # (zig links both the extension and the command against glibc 2.28), requiring
 # torch>=$(TORCH_FLOOR) and installing beside whatever supported torch is there.
 ZIG_TARGET := x86_64-unknown-linux-gnu.$(subst _,.,$(MANYLINUX))
+# The most a user's wheel may weigh (40 MB): `make wheel` fails above it.
+WHEEL_MAX_BYTES := 40000000
+# The command is built with the `wheel` profile (Cargo.toml: for size, stripped),
+# the extension with the release profile.
 wheel: $(ZIG_STAMP) ## build the user's manylinux wheel into target/wheels/dist
-	cargo zigbuild --release -p rankscope --no-default-features --features delta --target $(ZIG_TARGET)
+	cargo zigbuild --profile wheel -p rankscope --no-default-features --features delta --target $(ZIG_TARGET)
 	mkdir -p $(WHEEL_DATA)/scripts
-	cp target/x86_64-unknown-linux-gnu/release/rankscope $(WHEEL_DATA)/scripts/rankscope
-	strip $(WHEEL_DATA)/scripts/rankscope
+	cp target/x86_64-unknown-linux-gnu/wheel/rankscope $(WHEEL_DATA)/scripts/rankscope
 	rm -rf target/wheels/dist
 	$(MATURIN) build --release --strip --zig --target x86_64-unknown-linux-gnu --compatibility manylinux_$(MANYLINUX) \
 	  --quiet --interpreter $(CURDIR)/$(VENV)/bin/python --out $(CURDIR)/target/wheels/dist
 	$(VENV)/bin/auditwheel show target/wheels/dist/rankscope-*.whl
 	@ls -l target/wheels/dist/rankscope-*.whl
+	@size=$$(stat -c %s target/wheels/dist/rankscope-*.whl); [ $$size -le $(WHEEL_MAX_BYTES) ] || \
+	  { echo "the wheel is $$size bytes, over $(WHEEL_MAX_BYTES): see the wheel profile in Cargo.toml"; exit 1; }
 
 # The package as this machine's venv uses it (`make setup`, `make demo`): the
 # release build, linked for this machine's glibc.
