@@ -11,8 +11,11 @@
 //! - [`training`]: real training ranks (`rankscope train`, `rankscope launch`,
 //!   the Python package's DDP example under the real `torchrun`) and the
 //!   exact-count checks of what they sent;
-//! - [`netns`]: "nodes" in network namespaces joined by veth links (root only).
+//! - [`netns`]: "nodes" in network namespaces joined by veth links (root only);
+//! - [`hostile`]: what the hostile-input tests share (hand-built frames, a raw
+//!   HTTP/2 call, the bystander stream).
 
+pub mod hostile;
 pub mod netns;
 pub mod training;
 
