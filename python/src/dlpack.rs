@@ -25,7 +25,18 @@ pub(crate) fn import(tensor: &Bound<'_, PyAny>) -> Result<ImportedDlpack, String
     let detached = tensor
         .call_method0("detach")
         .map_err(|e| format!("cannot detach it: {e}"))?;
-    from_dlpack(detached.as_borrowed(), None, None).map_err(|e| e.to_string())
+    from_dlpack(detached.as_borrowed(), None, None).map_err(|e| first_line(&e.to_string()))
+}
+
+/// The first line of a Python exception's text: torch appends its C++ backtrace
+/// ("Exception raised from ...") on the lines after, which an `events` row does not need.
+pub(crate) fn first_line(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    line.split(" Exception raised from ")
+        .next()
+        .unwrap_or(line)
+        .trim_end()
+        .to_string()
 }
 
 /// Calls `f` with the host view of an imported tensor; an error for what the core cannot

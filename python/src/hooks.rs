@@ -246,7 +246,13 @@ fn take(
                 // The device side could not take it: hand it over as failed here,
                 // unless it did already.
                 if let Some(pending) = token.get().pending.lock().ok().and_then(|mut p| p.take()) {
-                    agent.hand_over(pending, Err(format!("the device side failed: {error}")));
+                    agent.hand_over(
+                        pending,
+                        Err(format!(
+                            "the device side failed: {}",
+                            dlpack::first_line(&error.to_string())
+                        )),
+                    );
                 }
             }
             Ok(())

@@ -239,7 +239,8 @@ impl Worker {
         }
         if !thread.is_finished() {
             tracing::warn!(
-                "the metrics worker got no CPU time to finish: its queued samples are dropped (counted)"
+                "the metrics worker had not measured its queued samples when finish stopped waiting ({:.1} s): they are dropped (counted in the samples_dropped event)",
+                wait.as_secs_f64()
             );
             // Skipping is instant; only a sample already being measured is waited for.
             self.abandon.store(true, Ordering::Relaxed);
