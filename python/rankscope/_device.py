@@ -7,17 +7,24 @@ here, in torch operations:
    table of ``docs/metrics.md``, as the extension plans it) with its rows drawn by the
    extension's seed (a pinned index tensor, copied without blocking). Training may
    change its activation in place later; this copy is the one device operation the
-   training stream runs for the agent;
-2. on a side stream of the lowest priority, which waits for that copy (the training
-   stream never waits for the agent): cast to float32 (bfloat16 and float16 are
-   measured, never refused), the health sums over the finite elements, centring when
-   asked, and the Gram matrix of the smaller side; then copies of the sums and the
-   Gram matrix into pinned host memory, without blocking, and an event;
-3. when that event has completed (``poll``, at the next sampled hook or step end, a
-   non-blocking query), the pinned buffers go to the extension, whose metrics thread
-   measures them (eigenvalues in float64 on the host, or the sketch).
+   training stream runs for the agent. The copies wait for the step's end, up to
+   ``HELD_BYTES`` of them (on the GPT of BENCHMARKS.md at the default row cap, a step's
+   51 copies come to about 1 GB): past it, those taken so far go on at once;
+2. at the step's end (``poll``), the step's samples reduced together: those alike in
+   device, shape, type and centring stacked into one batch (at most ``GROUP_BYTES`` of
+   float32 each), on a side stream of the lowest priority, which waits for the
+   training stream there (the training stream never waits for the agent): cast to
+   float32 (bfloat16 and float16 are measured, never refused), the health sums over
+   the finite elements, centring when asked, and the Gram matrix of the smaller side;
+   then copies of the sums and the Gram matrices into pinned host memory, without
+   blocking, and an event. The training thread issues about twenty operations per
+   batch rather than per sample (issued one sample at a time, they cost it 0.9 ms a
+   sample on an H200: BENCHMARKS.md, "GPU");
+3. when that event has completed (``poll``, at a later step's end, a non-blocking
+   query), the pinned buffers go to the extension, whose metrics thread measures
+   them (eigenvalues in float64 on the host, or the sketch).
 
-The side stream's work of each sample lies between two timing events; once both have
+The side stream's work of each batch lies between two timing events; once both have
 completed, their elapsed time (read without a wait) is the agent's device time: the
 step rows' ``overhead_device_ms`` and the overhead budget's device share. Without a
 stream (a CPU tensor, the extension's tests) the reduction's own time stands in.
@@ -31,7 +38,9 @@ Pinned memory comes from torch's caching host allocator, held in a bounded pool:
 ``RANKSCOPE_PINNED_POOL_BYTES`` (default 1 GiB) bounds the bytes of samples on the
 device side and in the extension's queue together. A sample that would pass it is
 skipped and counted (``samples_dropped``, with a ``sample_unreadable`` event naming
-the pool).
+the pool). A batch's Gram matrices share one pinned buffer, freed when the metrics
+thread is done with its last sample, so the memory held can pass the bound by at most
+one batch's (``GROUP_BYTES``).
 """
 
 from __future__ import annotations
@@ -39,12 +48,18 @@ from __future__ import annotations
 import os
 from collections import deque
 from time import perf_counter_ns
-from typing import Any, Deque, Dict, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 POOL_BYTES_VARIABLE = "RANKSCOPE_PINNED_POOL_BYTES"
 DEFAULT_POOL_BYTES = 1 << 30
+# The most float32 bytes of samples one reduction stacks (a chunk holds at least one):
+# 64 MiB is one 4,096 × 4,096 sample, so the side stream's working memory stays what
+# one sample of the default row cap needs.
+GROUP_BYTES = 64 << 20
+# The most bytes of row copies that wait for the step's end before their reduction starts.
+HELD_BYTES = 256 << 20
 
 
 def pool_bytes_from_env() -> int:
@@ -66,26 +81,41 @@ def pool_bytes_from_env() -> int:
     return value
 
 
+class _Taken:
+    """A sample's rows, copied on the training stream, waiting for the step's end."""
+
+    __slots__ = ("token", "matrix", "centered", "nbytes")
+
+    def __init__(self, token: Any, matrix: torch.Tensor, centered: bool, nbytes: int) -> None:
+        self.token = token
+        self.matrix = matrix
+        self.centered = centered
+        self.nbytes = nbytes
+
+
 class _Pending:
-    __slots__ = ("token", "started", "event", "health", "gram", "nbytes", "device_ns")
+    """One group's reduction, launched: its samples' tokens and pinned results."""
+
+    __slots__ = ("tokens", "nbytes", "started", "event", "health", "gram", "device_ns")
 
     def __init__(
         self,
-        token: Any,
+        tokens: List[Any],
+        nbytes: List[int],
         started: Any,
         event: Any,
         health: torch.Tensor,
         gram: torch.Tensor,
-        nbytes: int,
         device_ns: int = 0,
     ):
-        self.token = token
+        self.tokens = tokens
+        self.nbytes = nbytes
         # The timing events around the side stream's work (None without a stream).
         self.started = started
         self.event = event
+        # One row of sums and one Gram matrix per sample, in the order of `tokens`.
         self.health = health
         self.gram = gram
-        self.nbytes = nbytes
         # Without a stream: the reduction's own time.
         self.device_ns = device_ns
 
@@ -97,6 +127,8 @@ class DeviceSide:
         self._native = native
         self._pool_bytes = pool_bytes
         self._streams: Dict[int, Any] = {}
+        self._taken: List[_Taken] = []
+        self._taken_bytes = 0
         self._pending: Deque[_Pending] = deque()
         self._pending_bytes = 0
 
@@ -120,9 +152,9 @@ class DeviceSide:
         chosen: Optional[bytes],
         centered: bool,
     ) -> None:
-        """Starts the reduction of one sample (called by the extension's hook on the
-        training thread). ``chosen``: the rows to keep, little-endian int64, or
-        ``None`` for all."""
+        """Copies one sample's rows (called by the extension's hook on the training
+        thread); its reduction starts at the step's end (:meth:`poll`). ``chosen``:
+        the rows to keep, little-endian int64, or ``None`` for all."""
         kept = len(chosen) // 8 if chosen is not None else rows
         side = min(kept, cols)
         nbytes = side * side * 4 + 40
@@ -134,25 +166,49 @@ class DeviceSide:
             )
             return
         x = tensor.detach()
-        device = x.device
-        cuda = device.type == "cuda"
         # 1. The training stream: the agent's own copy of the rows it samples.
         matrix = x.permute(*order).reshape(rows, cols)
         if chosen is not None:
             index = torch.frombuffer(bytearray(chosen), dtype=torch.int64)
-            if cuda:
-                index = index.pin_memory().to(device, non_blocking=True)
+            if x.is_cuda:
+                index = index.pin_memory().to(x.device, non_blocking=True)
             matrix = matrix.index_select(0, index)
         else:
             matrix = matrix.clone()
-        if not cuda:
+        self._taken.append(_Taken(token, matrix, centered, nbytes))
+        self._pending_bytes += nbytes
+        self._taken_bytes += matrix.numel() * matrix.element_size()
+        if self._taken_bytes > HELD_BYTES:
+            self._launch()
+
+    def _launch(self) -> None:
+        """Starts the reduction of the samples taken since the last launch: one per
+        group of samples alike in device, shape, type and centring, in chunks of at
+        most ``GROUP_BYTES`` of float32."""
+        groups: Dict[Tuple[Any, ...], List[_Taken]] = {}
+        for t in self._taken:
+            key = (t.matrix.device, tuple(t.matrix.shape), t.matrix.dtype, t.centered)
+            groups.setdefault(key, []).append(t)
+        self._taken = []
+        self._taken_bytes = 0
+        for items in groups.values():
+            rows, cols = items[0].matrix.shape
+            per_chunk = max(1, GROUP_BYTES // max(1, rows * cols * 4))
+            for first in range(0, len(items), per_chunk):
+                self._reduce(items[first : first + per_chunk])
+
+    def _reduce(self, items: List[_Taken]) -> None:
+        tokens = [t.token for t in items]
+        nbytes = [t.nbytes for t in items]
+        device = items[0].matrix.device
+        centered = items[0].centered
+        if device.type != "cuda":
             # The same reduction without a stream (the extension's tests run it on CPU).
             reducing = perf_counter_ns()
-            health, gram = reduce(matrix, centered)
+            health, gram = reduce(torch.stack([t.matrix for t in items]), centered)
             gram = gram.float().contiguous()
             spent = perf_counter_ns() - reducing
-            self._pending.append(_Pending(token, None, None, health, gram, nbytes, spent))
-            self._pending_bytes += nbytes
+            self._pending.append(_Pending(tokens, nbytes, None, None, health, gram, spent))
             return
         stream = self._stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
@@ -160,22 +216,26 @@ class DeviceSide:
         with torch.cuda.stream(stream):
             started = torch.cuda.Event(enable_timing=True)
             started.record(stream)
-            health, gram = reduce(matrix, centered)
-            host_gram = torch.empty((side, side), dtype=torch.float32, pin_memory=True)
+            batch = torch.stack([t.matrix for t in items]) if len(items) > 1 else items[0].matrix.unsqueeze(0)
+            health, gram = reduce(batch, centered)
+            host_gram = torch.empty(gram.shape, dtype=torch.float32, pin_memory=True)
             host_gram.copy_(gram.float(), non_blocking=True)
-            host_health = torch.empty(5, dtype=torch.float64, pin_memory=True)
+            host_health = torch.empty(health.shape, dtype=torch.float64, pin_memory=True)
             host_health.copy_(health, non_blocking=True)
             event = torch.cuda.Event(enable_timing=True)
             event.record(stream)
-        # The copy was made on the training stream and is read on the side stream.
-        matrix.record_stream(stream)
-        self._pending.append(_Pending(token, started, event, host_health, host_gram, nbytes))
-        self._pending_bytes += nbytes
+        # The copies were made on the training stream and are read on the side stream.
+        for t in items:
+            t.matrix.record_stream(stream)
+        self._pending.append(_Pending(tokens, nbytes, started, event, host_health, host_gram))
 
     def poll(self) -> None:
-        """Hands every completed reduction to the extension, in order, without
-        waiting for the device."""
+        """At a step's end: starts the reduction of the step's samples, then hands
+        every completed reduction to the extension, in order, without waiting for the
+        device."""
         entered = perf_counter_ns()
+        if self._taken:
+            self._launch()
         while self._pending and (self._pending[0].event is None or self._pending[0].event.query()):
             self._hand_over(self._pending.popleft())
         self._native.add_overhead_since(entered)
@@ -183,6 +243,8 @@ class DeviceSide:
     def flush(self) -> None:
         """At finish: waits for the reductions still running (the only wait, after
         the last step) and hands them over."""
+        if self._taken:
+            self._launch()
         while self._pending:
             item = self._pending.popleft()
             if item.event is not None:
@@ -190,46 +252,49 @@ class DeviceSide:
             self._hand_over(item)
 
     def _hand_over(self, item: _Pending) -> None:
-        self._pending_bytes -= item.nbytes
+        self._pending_bytes -= sum(item.nbytes)
         # Both events have completed: reading their elapsed time does not wait.
         device_ns = item.device_ns
         if item.started is not None:
             device_ns = int(item.started.elapsed_time(item.event) * 1e6)
-        self._native.add_device_ns(device_ns, 1)
-        finite, nonfinite, total, total_sq, zeros = item.health.tolist()
-        gram = item.gram if nonfinite == 0 else None
-        self._native.hand_over_reduced(
-            item.token, int(finite), int(nonfinite), total, total_sq, int(zeros), gram
-        )
+        self._native.add_device_ns(device_ns, len(item.tokens))
+        for token, sums, gram in zip(item.tokens, item.health.tolist(), item.gram):
+            finite, nonfinite, total, total_sq, zeros = sums
+            self._native.hand_over_reduced(
+                token, int(finite), int(nonfinite), total, total_sq, int(zeros), gram if nonfinite == 0 else None
+            )
 
 
-def reduce(matrix: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """What the host needs of a sample matrix (rows × cols, any float type), on its
-    device: the health sums over its finite elements (finite count, non-finite count,
-    Σx, Σx², exact zeros; float64) and the Gram matrix of its smaller side (centred
-    when asked; meaningless when an element is not finite, and then not used)."""
-    a = matrix.float()
+def reduce(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """What the host needs of k sample matrices alike (k × rows × cols, any float
+    type), on their device: each one's health sums over its finite elements (k × 5,
+    float64: finite count, non-finite count, Σx, Σx², exact zeros) and the Gram matrix
+    of its smaller side (centred when asked; meaningless when an element is not
+    finite, and then not used)."""
+    a = batch.float()
+    k = a.shape[0]
     finite = torch.isfinite(a)
-    n_finite = finite.sum()
+    n_finite = finite.sum(dim=(1, 2))
     clean = torch.where(finite, a, torch.zeros((), dtype=a.dtype, device=a.device))
-    flat = clean.reshape(-1)
+    flat = clean.reshape(k, -1)
     health = torch.stack(
         [
             n_finite.double(),
-            (a.numel() - n_finite).double(),
-            flat.sum().double(),
-            flat.dot(flat).double(),
-            (a == 0).sum().double(),
-        ]
+            (a[0].numel() - n_finite).double(),
+            flat.sum(dim=1).double(),
+            (flat * flat).sum(dim=1).double(),
+            (a == 0).sum(dim=(1, 2)).double(),
+        ],
+        dim=1,
     )
     if centered:
-        clean = clean - clean.mean(dim=0, keepdim=True)
+        clean = clean - clean.mean(dim=1, keepdim=True)
     # TF32 is a process-wide switch: where the user turned it on, the product runs in
     # float64 rather than in TF32.
     tf32 = a.is_cuda and torch.get_float32_matmul_precision() != "highest"
     operand = clean.double() if tf32 else clean
-    rows, cols = a.shape
-    gram = operand.T @ operand if cols <= rows else operand @ operand.T
+    _, rows, cols = a.shape
+    gram = operand.transpose(1, 2) @ operand if cols <= rows else operand @ operand.transpose(1, 2)
     return health, gram
 
 

@@ -413,10 +413,71 @@ def test_overhead_ms_holds_what_a_sampled_step_costs_the_training_thread(collect
 SPECTRAL = ("stable_rank", "participation_ratio", "participation_ratio_sv", "nuclear_norm_ratio", "effective_rank", "cum_energy_90")
 
 
+def test_a_batch_reduces_as_its_samples_one_at_a_time():
+    """The device side stacks a step's samples alike in shape into one batch: each
+    one's Gram matrix and sums are those it gets alone, bit for bit, centred or not,
+    a non-finite sample beside finite ones included."""
+    from rankscope import _device
+
+    g = torch.Generator().manual_seed(5)
+    samples = [torch.randn(64, 24, generator=g) * (i + 1) for i in range(3)]
+    samples[1][3, 4] = float("inf")
+    for centered in (False, True):
+        health, gram = _device.reduce(torch.stack(samples), centered)
+        for i, x in enumerate(samples):
+            alone_health, alone_gram = _device.reduce(x.unsqueeze(0), centered)
+            assert torch.equal(health[i], alone_health[0]), (i, centered)
+            if i != 1:
+                assert torch.equal(gram[i], alone_gram[0]), (i, centered)
+    assert health[1][1].item() == 1  # the one non-finite element
+
+
+class _FakeNative:
+    """The extension's side of the device side's calls, recorded."""
+
+    def __init__(self) -> None:
+        self.handed: list = []
+        self.device_samples = 0
+
+    def pinned_bytes_held(self) -> int:
+        return 0
+
+    def hand_over_failed(self, token, why: str) -> None:
+        self.handed.append((token, why))
+
+    def hand_over_reduced(self, token, finite, nonfinite, total, total_sq, zeros, gram) -> None:
+        self.handed.append((token, finite, gram.shape if gram is not None else None))
+
+    def add_device_ns(self, ns: int, samples: int) -> None:
+        self.device_samples += samples
+
+    def add_overhead_since(self, since: int) -> None:
+        pass
+
+
+def test_the_device_side_waits_for_the_step_end_up_to_its_held_bytes(monkeypatch):
+    """A step's row copies wait for poll() (the step's end) and are reduced by batch;
+    past HELD_BYTES of them they go on at once. Every sample is handed over once, in
+    the order taken, with its own Gram matrix."""
+    from rankscope import _device
+
+    x = torch.randn(30, 8)
+    for held, waiting in ((_device.HELD_BYTES, 3), (0, 0)):
+        monkeypatch.setattr(_device, "HELD_BYTES", held)
+        native = _FakeNative()
+        side = _device.DeviceSide(native, _device.DEFAULT_POOL_BYTES)
+        for token in ("a", "b", "c"):
+            side.submit(x, token, (0, 1), 30, 8, None, False)
+        assert len(side._taken) == waiting, held
+        side.poll()
+        assert native.handed == [(t, 240, (8, 8)) for t in "abc"], native.handed
+        assert native.device_samples == 3 and not side._taken and not side._pending
+
+
 def test_the_device_sides_reduction_gives_the_host_paths_metrics(tmp_path):
     """The GPU path's reduction (rankscope._device: row sample, float32 health sums and
-    Gram matrix, handed over as a pinned buffer through DLPack), run here without a
-    stream, against the host path (the float64 Gram on the metrics thread) for the same
+    Gram matrix, handed over as a pinned buffer through DLPack; samples alike in shape
+    reduced in one batch), run here without a stream, against the host path (the float64 Gram on the metrics thread) for the same
     activations, wide and tall, centred and not, with more rows than the cap. The same
     run id draws the same rows on both paths; each path has its own collector."""
     from rankscope import _device
@@ -424,10 +485,14 @@ def test_the_device_sides_reduction_gives_the_host_paths_metrics(tmp_path):
     g = torch.Generator().manual_seed(3)
     inputs = {
         "tall": torch.randn(700, 48, generator=g) * torch.linspace(3, 0.1, 48),
+        # Alike in shape and type: reduced in one batch with "tall".
+        "tall_b": torch.randn(700, 48, generator=g) * torch.linspace(0.1, 5, 48),
         "wide": torch.randn(40, 90, generator=g),
         "seq": torch.randn(4, 50, 24, generator=g),
         "bf16": torch.randn(300, 32, generator=g).bfloat16(),
         "bad": torch.tensor([[1.0, float("nan")], [0.0, 2.0]]),
+        # A finite sample in the non-finite one's batch keeps its spectrum.
+        "bad_b": torch.tensor([[1.0, 3.0], [0.0, 2.0]]),
     }
     cols = ", ".join(SPECTRAL + ("mean", "std", "zero_fraction", "nonfinite", "rows", "cols", "centered"))
     results = {}
