@@ -17,10 +17,16 @@ its own cost (``Agent.overhead()``: the device time of its side stream and the
 observed slowdown of the sampled steps) against the slowdown measured here (the arm's
 step time less ``none``'s, over the steps). ``full@1`` has no unsampled step to
 compare with, so its observed slowdown reads 0 and its recorded cost is the device
-time alone. With ``--profile`` the
-``full@10`` arm also runs 20 steps under ``torch.profiler`` and counts the
-``cudaStreamSynchronize``/``cudaDeviceSynchronize`` calls of the agent's threads
-against the training thread's.
+time alone. Per arm it also prints where a sample's cost went: the device time and
+the metrics thread's CPU time per sample, and the planned samples skipped per share.
+
+With ``--profile`` the ``none`` and ``full@10`` arms of the first round also run 20
+steps under ``torch.profiler`` (``full@10`` once its metrics thread has caught up, so
+that the window's planned steps are sampled) and count the synchronize calls (``cudaStreamSynchronize``,
+``cudaEventSynchronize``, ``cudaDeviceSynchronize``) and blocking ``cudaMemcpy`` calls on
+the training thread and off it: the agent adds none where ``full@10`` counts what
+``none`` counts. ``--profile-out DIR`` writes each profiled arm's kernel table there.
+``--max-rows N`` gives every agent arm that row cap (the agent's default is 4096).
 
     python python/benches/gpu_overhead.py [--rounds 3] [--steps 200] [--profile]
 
@@ -49,7 +55,13 @@ ARMS = {
 }
 
 
-def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool) -> dict:
+# The longest the profiled arm waits for its metrics thread to catch up before its window
+# (the window then may hold no sampled step, and says how many samples it took).
+DRAIN_S = 20
+SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
+
+
+def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool, max_rows: int, profile_out: str) -> dict:
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -104,7 +116,8 @@ def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool) -> dict
         import rankscope
 
         os.environ["RANKSCOPE_SPILL_DIR"] = spill
-        agent = rankscope.init(collector="127.0.0.1:9", run_id=f"gpu-{arm.replace('@', '-every-')}", **ARMS[arm])
+        options = dict(ARMS[arm], **({"max_rows": max_rows} if max_rows else {}))
+        agent = rankscope.init(collector="127.0.0.1:9", run_id=f"gpu-{arm.replace('@', '-every-')}", **options)
         agent.watch(model)
 
     def one(i: int) -> None:
@@ -135,20 +148,41 @@ def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool) -> dict
         synchronize()
         windows.append((time.perf_counter() - started) * 1e3 / window)
     result = {"arm": arm, "step_ms": statistics.median(windows), "timed_steps": steps}
-    if profile and agent is not None:
+    if profile:
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
         activities = [ProfilerActivity.CPU] + ([] if smoke else [ProfilerActivity.CUDA])
+        if agent is not None:
+            # The window starts at a planned step (i is a multiple of 10) once the
+            # metrics thread has caught up, so that its steps are sampled.
+            waited = time.perf_counter()
+            while agent._native.queued_samples() and time.perf_counter() - waited < DRAIN_S:
+                time.sleep(0.05)
+            result["drain_s"] = round(time.perf_counter() - waited, 2)
+            taken_before = agent.samples()[0]
         with torch_profile(activities=activities) as prof:
             for _ in range(20):
                 one(i)
                 i += 1
             synchronize()
-        syncs = [e for e in prof.events() if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize")]
-        main = {e.thread for e in prof.events() if e.name.startswith("aten::")}
+        events = prof.events()
+        syncs = [e for e in events if e.name in SYNCS]
+        # The training thread: the one that ran the model's first operator.
+        main = next(e.thread for e in events if e.name.startswith("aten::"))
         result["syncs_total"] = len(syncs)
-        result["syncs_other_threads"] = sum(1 for e in syncs if e.thread not in main)
+        result["syncs_other_threads"] = sum(1 for e in syncs if e.thread != main)
+        result["syncs_by_name"] = {n: sum(1 for e in syncs if e.name == n) for n in SYNCS}
+        if agent is not None:
+            result["profiled_samples"] = agent.samples()[0] - taken_before
+        if profile_out:
+            sort = "self_cpu_time_total" if smoke else "self_cuda_time_total"
+            table = prof.key_averages().table(sort_by=sort, row_limit=30)
+            with open(os.path.join(profile_out, f"profile-{arm.replace('@', '-every-')}.txt"), "w") as f:
+                f.write(table)
     if agent is not None:
+        # After finish: the samples its wait for the metrics thread measured count,
+        # those it dropped do not.
+        agent.finish()
         taken, dropped, skipped = agent.samples()
         overhead = agent.overhead() or {}
         result.update(
@@ -156,47 +190,24 @@ def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool) -> dict
             observed_ms=overhead.get("observed_ms", 0.0),
             steps_run=i,
             limits={k: overhead.get(k, 0) for k in ("skipped_cpu", "skipped_device", "skipped_observed", "skipped_queue_full")},
+            device_samples=overhead.get("device_samples", 0),
+            metrics_thread_ms=overhead.get("metrics_thread_ms", 0.0),
+            training_thread_ms=overhead.get("training_thread_ms", 0.0),
         )
-        agent.finish()
         planned_steps = len(range(0, i, ARMS[arm].get("sample_every", 10))) if arm != "steps" else 0
         layers = len(agent._watched)
         result.update(taken=taken, dropped=dropped, skipped=skipped, planned=planned_steps * layers)
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--smoke", action="store_true", help="a tiny GPT on the CPU: checks the script, measures nothing")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(args.child, args.steps, args.warmup, args.profile, args.smoke)))
-        return
-    arms = args.arms.split(",")
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown:
-        parser.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
-    results: dict = {arm: [] for arm in arms}
-    for r in range(args.rounds):
-        for arm in arms:
-            cmd = [sys.executable, __file__, "--child", arm, "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            if args.profile and arm == "full@10" and r == 0:
-                cmd.append("--profile")
-            if args.smoke:
-                cmd.append("--smoke")
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                tail = "\n".join(done.stderr.splitlines()[-20:])
-                sys.exit(f"arm {arm} (round {r + 1}) failed with exit code {done.returncode}:\n{tail}")
-            results[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"round {r + 1} {arm}: {results[arm][-1]}", file=sys.stderr)
+def report(results: dict, rounds: int, final: bool) -> None:
+    """Prints the table (after every round, so that a run cut short by a time limit
+    still reports the rounds it finished), then the details."""
+    arms = list(results)
+    if not final:
+        print(f"after round {rounds}:")
     base = statistics.median(x["step_ms"] for x in results["none"]) if "none" in results else None
-    print(f"| arm | step ms (median of {args.rounds}) | vs none | planned samples measured | recorded (device + observed) / measured slowdown |")
+    print(f"| arm | step ms (median of {rounds}) | vs none | planned samples measured | recorded (device + observed) / measured slowdown |")
     print("|---|---|---|---|---|")
     for arm in arms:
         ms = statistics.median(x["step_ms"] for x in results[arm])
@@ -217,12 +228,65 @@ def main() -> None:
         print(f"| {arm} | {ms:.2f} | {ratio} | {share} | {recorded} |")
     for arm in arms:
         last = results[arm][-1]
+        if last.get("device_samples") or last.get("taken"):
+            per = max(last.get("device_samples", 0), 1)
+            taken = max(last.get("taken", 0), 1)
+            print(
+                f"per sample ({arm}, last round): device {last['device_ms'] / per:.2f} ms over {last['device_samples']},"
+                f" metrics thread {last['metrics_thread_ms'] / taken:.1f} ms CPU over {last['taken']};"
+                f" training thread {last['training_thread_ms']:.0f} ms in {last['steps_run']} steps"
+            )
         if any(last.get("limits", {}).values()):
             print(f"skipped by share ({arm}): {last['limits']}")
     for arm in arms:
         for x in results[arm]:
             if "syncs_total" in x:
-                print(f"profiled window ({arm}): {x['syncs_total']} synchronize calls, {x['syncs_other_threads']} off the training thread")
+                print(
+                    f"profiled window ({arm}): {x['syncs_total']} synchronize calls,"
+                    f" {x['syncs_other_threads']} off the training thread; {x['syncs_by_name']}"
+                    + (f"; {x['profiled_samples']} samples taken in it (after {x['drain_s']} s for the metrics thread to catch up)" if "profiled_samples" in x else "")
+                )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile-out", default="", help="write the profiled arms' kernel tables into this folder")
+    parser.add_argument("--max-rows", type=int, default=0, help="the agent arms' row cap (default: the agent's)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny GPT on the CPU: checks the script, measures nothing")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.steps, args.warmup, args.profile, args.smoke, args.max_rows, args.profile_out)))
+        return
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
+    results: dict = {arm: [] for arm in arms}
+    for r in range(args.rounds):
+        for arm in arms:
+            cmd = [sys.executable, __file__, "--child", arm, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            if args.profile and arm in ("none", "full@10") and r == 0:
+                cmd.append("--profile")
+                if args.profile_out:
+                    os.makedirs(args.profile_out, exist_ok=True)
+                    cmd += ["--profile-out", args.profile_out]
+            if args.max_rows:
+                cmd += ["--max-rows", str(args.max_rows)]
+            if args.smoke:
+                cmd.append("--smoke")
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                tail = "\n".join(done.stderr.splitlines()[-20:])
+                sys.exit(f"arm {arm} (round {r + 1}) failed with exit code {done.returncode}:\n{tail}")
+            results[arm].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1} {arm}: {results[arm][-1]}", file=sys.stderr)
+        report(results, r + 1, final=r + 1 == args.rounds)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Every GPU check of the Python package, as one command on a machine with one CUDA GPU
+# and its own torch (no network needed). Run from the repository's root:
+#
+#     python/benches/gpu_checks.sh target/wheels/dist/rankscope-*.whl OUT_DIR
+#
+# 1. pip's plan for the wheel in this environment (a dry run: what it would install
+#    beside the torch already there), then the wheel installed into a folder of its own
+#    (--no-deps --target), what the extension links, and `import rankscope`;
+# 2. the device side's numbers against the float64 oracle (gpu_accuracy.py);
+# 3. the agent's cost on the GPT, 3 interleaved rounds, with a profiled window
+#    (gpu_overhead.py);
+# 4. one DDP rank under torchrun (NCCL) sending to a collector: the rows that landed;
+# 5. the cost again at a row cap of 256, where the metrics thread keeps up (2 rounds).
+#
+# Writes gpu-checks.log, pip-report.json and the profiled arms' kernel tables to OUT_DIR.
+# Each part has its own time limit; a failing part is reported and the next one runs.
+set -u
+wheel=${1:?usage: gpu_checks.sh WHEEL OUT_DIR}
+out=${2:?usage: gpu_checks.sh WHEEL OUT_DIR}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+work=$(mktemp -d)
+site=$work/site
+export PYTHONUNBUFFERED=1
+
+part() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
+
+{
+    part machine
+    nvidia-smi -L
+    echo "cores: $(nproc)"
+    $py -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', torch.version.cuda)"
+
+    part "pip's plan for the wheel here (dry run)"
+    $py -m pip install --no-index --dry-run --quiet --report "$out/pip-report.json" "$wheel"
+    $py - "$out/pip-report.json" <<'EOF'
+import json, sys
+report = json.load(open(sys.argv[1]))
+print("would install:", [(i["metadata"]["name"], i["metadata"]["version"]) for i in report["install"]])
+EOF
+
+    part "install (--no-deps --target) and import"
+    $py -m pip install --quiet --no-index --no-deps --target "$site" "$wheel" || exit 1
+    export PYTHONPATH=$site PATH=$site/bin:$PATH
+    readelf -d "$site/rankscope/_native.abi3.so" | grep NEEDED
+    $py -c "import rankscope, torch; print('rankscope', rankscope.__version__, 'imported beside torch', torch.__version__)"
+    $py -m pip list 2>/dev/null | grep -E "^torch "
+
+    part "accuracy against the float64 oracle"
+    timeout 90 $py python/benches/gpu_accuracy.py --out "$work/accuracy" || echo "accuracy: exit $?"
+
+    part "overhead: 3 rounds, profiled"
+    timeout 420 $py python/benches/gpu_overhead.py --rounds 3 --profile --profile-out "$out" || echo "overhead: exit $?"
+
+    part "one DDP rank under torchrun, to a collector"
+    rankscope collector --listen 127.0.0.1:0 --out "$work/ddp" >"$work/collector.log" 2>&1 &
+    collector=$!
+    sleep 2
+    addr=$(grep -o '127\.0\.0\.1:[0-9]*' "$work/collector.log" | head -1)
+    RANKSCOPE_COLLECTOR=$addr RANKSCOPE_RUN_ID=gpu-ddp RANKSCOPE_SAMPLE_EVERY=10 RANKSCOPE_OVERHEAD_BUDGET=100% \
+        RANKSCOPE_SPILL_DIR=$work/spill timeout 90 $py -m torch.distributed.run --standalone --nproc-per-node 1 \
+        -m rankscope.examples.ddp_train --steps 200 --d-model 512 --layers 4 --seq 256 --vocab 1024 \
+        || echo "ddp: exit $?"
+    kill -TERM $collector
+    wait $collector
+    $py - "$work/ddp" <<'EOF'
+import sys
+import pyarrow.dataset as ds
+root = sys.argv[1]
+for name in ("steps", "layers", "comm", "events"):
+    try:
+        rows = [r for r in ds.dataset(f"{root}/{name}", format="parquet", partitioning="hive").to_table().to_pylist() if r["run_id"] == "gpu-ddp"]
+    except Exception as e:  # a table no row reached
+        print(f"{name}: none ({type(e).__name__})")
+        continue
+    filled = {c: sum(r[c] is not None for r in rows) for c in rows[0]} if rows else {}
+    print(f"{name}: {len(rows)} rows; non-null per column: {filled}")
+    if name == "steps" and rows:
+        for c in ("step_ms", "overhead_ms", "overhead_device_ms", "overhead_observed_ms", "comm_ms", "device_peak_bytes"):
+            values = sorted(r[c] for r in rows if r.get(c) is not None)
+            if values:
+                print(f"  {c}: median {values[len(values) // 2]:.3f}, max {values[-1]:.3f}")
+    if name == "layers" and rows:
+        print(f"  measured (stable_rank set): {sum(r['stable_rank'] is not None for r in rows)} of {len(rows)}; steps {sorted({r['step'] for r in rows})}")
+    if name == "events":
+        for r in rows:
+            print(f"  {r['kind']}: {str(r.get('message'))[:200]}")
+EOF
+
+    part "overhead at a row cap of 256: 2 rounds"
+    timeout 180 $py python/benches/gpu_overhead.py --rounds 2 --arms none,full@10,default --max-rows 256 || echo "rows cap: exit $?"
+    part done
+} 2>&1 | tee "$out/gpu-checks.log"
