@@ -430,8 +430,10 @@ class _CudaStep:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        # stop() counts its own time (the step's hooks out) in this step's row; the
-        # hand-over below is counted in the next step's.
+        # The step's samples start their reduction: a sampled step's own cost, in its
+        # row. stop() counts its own time (the step's hooks out) in this step's row;
+        # the hand-over below is counted in the next step's.
+        self._device.launch()
         self._s.stop()
         self._deferred.hold(self._s, self._tensors)
         # Samples whose device reduction has completed go to the metrics thread.

@@ -10,7 +10,7 @@ here, in torch operations:
    training stream runs for the agent. The copies wait for the step's end, up to
    ``HELD_BYTES`` of them (on the GPT of BENCHMARKS.md at the default row cap, a step's
    51 copies come to about 1 GB): past it, those taken so far go on at once;
-2. at the step's end (``poll``), the step's samples reduced together: those alike in
+2. at the step's end (``launch``), the step's samples reduced together: those alike in
    device, shape, type and centring stacked into one batch (at most ``GROUP_BYTES`` of
    float32 each), on a side stream of the lowest priority, which waits for the
    training stream there (the training stream never waits for the agent): cast to
@@ -153,7 +153,7 @@ class DeviceSide:
         centered: bool,
     ) -> None:
         """Copies one sample's rows (called by the extension's hook on the training
-        thread); its reduction starts at the step's end (:meth:`poll`). ``chosen``:
+        thread); its reduction starts at the step's end (:meth:`launch`). ``chosen``:
         the rows to keep, little-endian int64, or ``None`` for all."""
         kept = len(chosen) // 8 if chosen is not None else rows
         side = min(kept, cols)
@@ -229,13 +229,20 @@ class DeviceSide:
             t.matrix.record_stream(stream)
         self._pending.append(_Pending(tokens, nbytes, started, event, host_health, host_gram))
 
-    def poll(self) -> None:
-        """At a step's end: starts the reduction of the step's samples, then hands
-        every completed reduction to the extension, in order, without waiting for the
-        device."""
-        entered = perf_counter_ns()
+    def launch(self) -> None:
+        """At a step's end, before its row is made: starts the reduction of the
+        step's samples, counted as the sampled step's overhead."""
         if self._taken:
+            entered = perf_counter_ns()
             self._launch()
+            self._native.add_overhead_since(entered, True)
+
+    def poll(self) -> None:
+        """After a step's end: starts the reduction of samples not yet started
+        (:meth:`launch`), then hands every completed reduction to the extension, in
+        order, without waiting for the device."""
+        self.launch()
+        entered = perf_counter_ns()
         while self._pending and (self._pending[0].event is None or self._pending[0].event.query()):
             self._hand_over(self._pending.popleft())
         self._native.add_overhead_since(entered)

@@ -451,7 +451,7 @@ class _FakeNative:
     def add_device_ns(self, ns: int, samples: int) -> None:
         self.device_samples += samples
 
-    def add_overhead_since(self, since: int) -> None:
+    def add_overhead_since(self, since: int, sampling: bool = False) -> None:
         pass
 
 
