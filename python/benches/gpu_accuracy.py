@@ -1,10 +1,9 @@
 """The device side of a sample against the float64 oracle, on a GPU: fixed activations
 on CUDA (float32, bfloat16, float16, float32 with TF32 allowed, 3-D, and the same
 float32 matrix on the CPU for the host path) go through the agent to a collector, and
-each `layers` row's six spectral columns are compared with singular values of the same
-values in float64 (torch.linalg.svdvals on the CPU, written here independently of
-rankscope, as in the wheel's test). A CUDA tensor DLPack cannot read (sparse) must give
-an `events` row, not a crash.
+each `layers` row's six spectral columns are compared with the singular values of the
+same values in float64 (the wheel test's oracle, python/tests/oracle.py). A CUDA tensor
+DLPack cannot read (sparse) must give an `events` row, not a crash.
 
     python python/benches/gpu_accuracy.py [--command rankscope] [--out DIR]
 
@@ -28,29 +27,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-COLUMNS = ("stable_rank", "participation_ratio", "participation_ratio_sv", "nuclear_norm_ratio", "effective_rank", "cum_energy_90")
+# The oracle of the wheel's test (written from docs/metrics.md, independently of rankscope).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from oracle import COLUMNS, oracle  # noqa: E402
+
 REL_TOL = 1e-5
-
-
-def oracle(x) -> dict:
-    import torch
-
-    sv = torch.linalg.svdvals(x.detach().cpu().double().reshape(-1, x.shape[-1])).tolist()
-    lam = [t * t for t in sv]
-    p = [t / sum(sv) for t in sv]
-    acc, k = 0.0, 0
-    for k, value in enumerate(lam, 1):
-        acc += value
-        if acc >= 0.9 * sum(lam):
-            break
-    return {
-        "stable_rank": sum(lam) / lam[0],
-        "participation_ratio": sum(lam) ** 2 / sum(v * v for v in lam),
-        "participation_ratio_sv": sum(sv) ** 2 / sum(lam),
-        "nuclear_norm_ratio": sum(sv) / sv[0],
-        "effective_rank": math.exp(-sum(q * math.log(q) for q in p if q > 0)),
-        "cum_energy_90": k,
-    }
 
 
 def decaying(rows: int, cols: int, rate: float, seed: int):

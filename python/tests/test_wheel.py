@@ -32,6 +32,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from oracle import COLUMNS
 
 WHEEL = os.environ.get("RANKSCOPE_WHEEL")
 TORCH_VERSIONS = os.environ.get("RANKSCOPE_TORCH_VERSIONS", "").split()
@@ -259,35 +260,20 @@ FIXED_INPUT_SCRIPT = textwrap.dedent(
     report = agent.finish()
     assert report.complete, report
 
-    # The oracle: singular values of the float64 matrix (the same float32 values).
-    sv = torch.linalg.svdvals(x.double()).tolist()
-    lam = [t * t for t in sv]
-    p = [t / sum(sv) for t in sv]
-    acc, k = 0.0, 0
-    for k, l in enumerate(lam, 1):
-        acc += l
-        if acc >= 0.9 * sum(lam):
-            break
-    oracle = {
-        "stable_rank": sum(lam) / lam[0],
-        "participation_ratio": sum(lam) ** 2 / sum(l * l for l in lam),
-        "participation_ratio_sv": sum(sv) ** 2 / sum(lam),
-        "nuclear_norm_ratio": sum(sv) / sv[0],
-        "effective_rank": math.exp(-sum(q * math.log(q) for q in p if q > 0)),
-        "cum_energy_90": k,
-    }
-    print(json.dumps(oracle))
+    # The oracle (python/tests/oracle.py, above): the same float32 values in float64.
+    print(json.dumps(oracle(x)))
     """
 )
 
-COLUMNS = ("stable_rank", "participation_ratio", "participation_ratio_sv", "nuclear_norm_ratio", "effective_rank", "cum_energy_90")
+# The oracle's source goes ahead of the script in the user's venv.
+ORACLE = Path(__file__).with_name("oracle.py").read_text()
 
 
 def test_a_fixed_input_matches_the_oracle_and_unreadable_tensors_are_events(venv):
     version, root, bin_dir, env = venv
     out = root / "fixed-out"
     script = root / "fixed.py"
-    script.write_text(FIXED_INPUT_SCRIPT)
+    script.write_text(ORACLE + FIXED_INPUT_SCRIPT)
     collector = Collector(bin_dir, env, out)
     try:
         run = subprocess.run(
