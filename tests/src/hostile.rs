@@ -69,39 +69,68 @@ pub fn frame(flag: u8, payload: &[u8]) -> Vec<u8> {
     f
 }
 
+/// One `Collector/Stream` call on a raw HTTP/2 connection of its own (no gRPC
+/// library on the client side).
+pub struct RawRequest {
+    /// The connection's client, kept for as long as the call should live.
+    pub client: h2::client::SendRequest<Bytes>,
+    /// The task that drives the connection: aborting it closes the connection.
+    pub connection: tokio::task::JoinHandle<()>,
+    pub response: h2::client::ResponseFuture,
+    pub send: h2::SendStream<Bytes>,
+}
+
+/// Opens a [`RawRequest`]; with `end`, its headers are the whole request.
+pub async fn raw_request(addr: &str, end: bool) -> RawRequest {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let connection = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut client = client.ready().await.expect("h2 ready");
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/rankscope.v1.Collector/Stream"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let (response, send) = client.send_request(request, end).expect("send headers");
+    RawRequest {
+        client,
+        connection,
+        response,
+        send,
+    }
+}
+
+/// The status a call ends with, from its response body's trailers (the body read
+/// and its capacity released on the way).
+pub async fn trailer_status(body: &mut h2::RecvStream) -> Status {
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("response body");
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body.trailers().await.expect("trailers").expect("some");
+    Status::from_header_map(&trailers).expect("a grpc-status trailer")
+}
+
 /// Sends `body` as the whole request of one `Collector/Stream` call over a raw
-/// HTTP/2 connection (no gRPC library on the client side), and returns the status
-/// the collector ends the call with.
+/// HTTP/2 connection, and returns the status the collector ends the call with.
 pub async fn raw_call(addr: &str, body: Vec<u8>) -> Status {
     tokio::time::timeout(ANSWER_TIMEOUT, async {
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
-        tokio::spawn(connection);
-        let mut client = client.ready().await.expect("h2 ready");
-        let request = http::Request::builder()
-            .method("POST")
-            .uri(format!("http://{addr}/rankscope.v1.Collector/Stream"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .expect("request");
-        let (response, mut send) = client
-            .send_request(request, body.is_empty())
-            .expect("send headers");
+        let mut call = raw_request(addr, body.is_empty()).await;
         if !body.is_empty() {
-            send.send_data(Bytes::from(body), true).expect("send body");
+            call.send
+                .send_data(Bytes::from(body), true)
+                .expect("send body");
         }
-        let response = response.await.expect("response headers");
+        let response = call.response.await.expect("response headers");
         let (parts, mut body) = response.into_parts();
         if let Some(status) = Status::from_header_map(&parts.headers) {
             return status; // a trailers-only answer
         }
-        while let Some(chunk) = body.data().await {
-            let chunk = chunk.expect("response body");
-            let _ = body.flow_control().release_capacity(chunk.len());
-        }
-        let trailers = body.trailers().await.expect("trailers").expect("some");
-        Status::from_header_map(&trailers).expect("a grpc-status trailer")
+        trailer_status(&mut body).await
     })
     .await
     .expect("the collector answers a raw call within 30 s")

@@ -14,7 +14,8 @@ use prost::Message;
 use rankscope_proto::v1::AgentMessage;
 use rankscope_proto::v1::agent_message::Kind as AgentKind;
 use rankscope_tests::hostile::{
-    Bystander, bystander_landed, frame, peak_rss_bytes, raw_call, rss_bytes,
+    Bystander, RawRequest, bystander_landed, frame, peak_rss_bytes, raw_call, raw_request,
+    rss_bytes, trailer_status,
 };
 use rankscope_tests::{
     ANSWER_TIMEOUT, CollectorProc, FAST_COMMITS as FAST, RawStream, batch, count, duckdb, hello,
@@ -118,20 +119,12 @@ struct RawCall {
 impl RawCall {
     async fn open(addr: &str, run_id: &str, rank: u32) -> RawCall {
         tokio::time::timeout(ANSWER_TIMEOUT, async {
-            let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
-            let connection = tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            let mut client = client.ready().await.expect("h2 ready");
-            let request = http::Request::builder()
-                .method("POST")
-                .uri(format!("http://{addr}/rankscope.v1.Collector/Stream"))
-                .header("content-type", "application/grpc")
-                .header("te", "trailers")
-                .body(())
-                .expect("request");
-            let (response, mut send) = client.send_request(request, false).expect("headers");
+            let RawRequest {
+                client,
+                connection,
+                response,
+                mut send,
+            } = raw_request(addr, false).await;
             let mut hello = hello(run_id, rank);
             hello.world_size = 1 << 20;
             let hello = AgentMessage {
@@ -162,12 +155,7 @@ impl RawCall {
     /// The status the collector ends the call with.
     async fn status(mut self) -> Status {
         tokio::time::timeout(ANSWER_TIMEOUT, async {
-            while let Some(chunk) = self.body.data().await {
-                let chunk = chunk.expect("response body");
-                let _ = self.body.flow_control().release_capacity(chunk.len());
-            }
-            let trailers = self.body.trailers().await.expect("trailers").expect("some");
-            Status::from_header_map(&trailers).expect("a grpc-status trailer")
+            trailer_status(&mut self.body).await
         })
         .await
         .expect("the collector ends the call within 30 s")

@@ -39,6 +39,7 @@ use bytes::Bytes;
 use prost::Message;
 use rankscope_proto::v1::AgentMessage;
 use rankscope_proto::v1::agent_message::Kind as AgentKind;
+use rankscope_tests::hostile::{RawRequest, raw_request};
 use rankscope_tests::{hello, workspace};
 use tokio::task::JoinHandle;
 use tonic::Status;
@@ -169,18 +170,12 @@ struct Raw {
 
 /// Opens a stream on a connection of its own and sends a Hello.
 async fn open_raw(addr: &str, run_id: &str, rank: u32) -> Raw {
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
-    tokio::spawn(connection);
-    let mut client = client.ready().await.expect("h2 ready");
-    let request = http::Request::builder()
-        .method("POST")
-        .uri(format!("http://{addr}/rankscope.v1.Collector/Stream"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .expect("request");
-    let (response, mut send) = client.send_request(request, false).expect("headers");
+    let RawRequest {
+        client,
+        response,
+        mut send,
+        ..
+    } = raw_request(addr, false).await;
     let mut hello = hello(run_id, rank);
     hello.world_size = 1 << 20;
     let hello = AgentMessage {
