@@ -13,8 +13,8 @@ use faer::{Accum, Mat, MatRef, Par};
 use super::gram::GramOperator;
 use super::spectral::{Spectral, SpectralErrors, SplitMix64, gaussian};
 use dense::{append, eigh, grown, mul, orthogonal_to, squared_rows, symmetrize, trace_of};
-use quadrature::Quadrature;
-use top::pencil_top;
+use quadrature::{Quadrature, radau};
+use top::{lambda_bound, pencil_top};
 
 mod dense;
 mod quadrature;
@@ -29,14 +29,14 @@ pub const SKETCH_MIN_SIDE: i64 = 512;
 /// and of the bound on λ₁. A product's CPU time grows less than its width (one thread,
 /// 2,048 × 4,096: 15 ms for 16 columns, 21 ms for 32), and λ₁ needs depth more than width,
 /// so the space is narrow and deep.
-const SKETCH_BLOCK: usize = 16;
+pub const SKETCH_BLOCK: usize = 16;
 /// Krylov depths (block steps after the first) at which the estimates are checked, in
 /// order: the space grows to the next one only while a column the sketch is asked for has
 /// an error estimate above its bound. 6 steps (112 vectors) vouch for most spectra with a
 /// clear top; 10 (176) for flat ones and moderate power laws; 15 (256) for steep ones.
-const SKETCH_SCHEDULE: [usize; 3] = [6, 10, 15];
+pub const SKETCH_SCHEDULE: [usize; 3] = [6, 10, 15];
 /// Rademacher probes for the part of Σλ² outside the Krylov space (m).
-const SKETCH_PROBES: usize = 32;
+pub const SKETCH_PROBES: usize = 32;
 /// A Ritz pair whose residual ‖G·v − θ·v‖ is at most this fraction of θ counts as an
 /// eigenpair (weight 1 in the trace estimates).
 const SKETCH_CONVERGED: f64 = 1e-3;
@@ -153,7 +153,14 @@ pub fn sketch_spectral(op: &GramOperator<'_>, trace: f64, seed: u64, goal: Sketc
         if !krylov.extend(steps) {
             return unmeasured(krylov.steps);
         }
-        let found = krylov.analyse(goal, known);
+        let depth = krylov.depth();
+        let view = View {
+            r: krylov.r,
+            projected: krylov.projected.as_ref(),
+            squares: krylov.squares.as_ref(),
+            depth: &depth,
+        };
+        let found = analyse(&view, goal, known);
         known = found.known.filter(|_| found.stable_rank_vouched);
         let done = found.sketch.vouched;
         stage = Some(found.sketch);
@@ -162,6 +169,108 @@ pub fn sketch_spectral(op: &GramOperator<'_>, trace: f64, seed: u64, goal: Sketc
         }
     }
     stage.unwrap_or_else(|| unmeasured(krylov.steps))
+}
+
+/// What one checked depth of the space gives the analysis besides T and (GK)ᵀ(GK): small
+/// matrices and vectors only, so that a device that ran the Krylov process can hand
+/// them over ([`KrylovSummary`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Depth {
+    /// Block steps after the first ([`SKETCH_SCHEDULE`]).
+    pub steps: usize,
+    /// RᵀR (b × b), R = (I − P)·G·V the last block's residual.
+    pub residual_gram: Mat<f64>,
+    /// ‖GK − KT − R·E_qᵀ‖_F: the Krylov relation's round-off in the other blocks.
+    pub off: f64,
+    /// Per probe z (m): ‖G·(I − P)·z‖².
+    pub probe_outside: Vec<f64>,
+    /// Per probe z (m): zᵀ(I − P)·G·(I − P)z.
+    pub probe_control: Vec<f64>,
+}
+
+/// The Krylov process of one sample, run by an adapter on its device in the sketch's
+/// units (G / Σλ), with float32 products and the rest in float64: everything
+/// [`sketch_summarized`] needs, a few hundred KiB where G itself can be 64 MiB. The start
+/// block is b = [`SKETCH_BLOCK`] orthonormalized Gaussian vectors, the probes m =
+/// [`SKETCH_PROBES`] Rademacher vectors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KrylovSummary {
+    /// r: the order of G.
+    pub side: usize,
+    /// T = KᵀGK at the deepest depth ((q + 1)·b square, symmetric); a smaller depth's T
+    /// is its leading block.
+    pub projected: Mat<f64>,
+    /// (GK)ᵀ(GK) at the deepest depth, likewise.
+    pub squares: Mat<f64>,
+    /// Each checked depth, in [`SKETCH_SCHEDULE`] order (a prefix of it, at least one).
+    pub depths: Vec<Depth>,
+}
+
+/// [`sketch_spectral`] from a Krylov process an adapter ran on its device: the same
+/// analysis, depth by depth along the schedule, stopping at the first that vouches for
+/// the goal's columns. A summary of the wrong shape or with a value that is not finite
+/// gives no spectrum (`vouched` false), never a panic; a zero `trace` (Σλ, which the
+/// summary's units divide by) gives the zero spectrum.
+pub fn sketch_summarized(summary: &KrylovSummary, trace: f64, goal: SketchGoal) -> Sketch {
+    if trace == 0.0 {
+        return Sketch {
+            spectral: Spectral::zero(),
+            errors: SpectralErrors::default(),
+            vouched: true,
+            steps: 0,
+        };
+    }
+    if !(trace.is_finite() && trace > 0.0) || !summary_is_valid(summary) {
+        return unmeasured(0);
+    }
+    let mut known = None;
+    let mut stage = None;
+    for depth in &summary.depths {
+        let k = (depth.steps + 1) * SKETCH_BLOCK;
+        let view = View {
+            r: summary.side,
+            projected: summary.projected.as_ref().submatrix(0, 0, k, k),
+            squares: summary.squares.as_ref().submatrix(0, 0, k, k),
+            depth,
+        };
+        let found = analyse(&view, goal, known);
+        known = found.known.filter(|_| found.stable_rank_vouched);
+        let done = found.sketch.vouched;
+        stage = Some(found.sketch);
+        if done {
+            break;
+        }
+    }
+    stage.unwrap_or_else(|| unmeasured(0))
+}
+
+/// Whether a summary has the shapes [`sketch_summarized`] reads, and finite values.
+fn summary_is_valid(summary: &KrylovSummary) -> bool {
+    let (b, m) = (SKETCH_BLOCK, SKETCH_PROBES);
+    let deepest = SKETCH_BLOCK * (SKETCH_SCHEDULE[SKETCH_SCHEDULE.len() - 1] + 2);
+    let depths = &summary.depths;
+    let Some(last) = depths.last() else {
+        return false;
+    };
+    let k = (last.steps + 1) * b;
+    let square = |x: &Mat<f64>| x.nrows() == k && x.ncols() == k && x.is_all_finite();
+    summary.side >= deepest
+        && depths.len() <= SKETCH_SCHEDULE.len()
+        && depths.iter().zip(SKETCH_SCHEDULE).all(|(d, steps)| {
+            d.steps == steps
+                && d.residual_gram.nrows() == b
+                && d.residual_gram.ncols() == b
+                && d.residual_gram.is_all_finite()
+                && d.off.is_finite()
+                && d.probe_outside.len() == m
+                && d.probe_control.len() == m
+                && d.probe_outside
+                    .iter()
+                    .chain(&d.probe_control)
+                    .all(|v| v.is_finite())
+        })
+        && square(&summary.projected)
+        && square(&summary.squares)
 }
 
 /// No spectrum, and nothing vouched for (the caller measures exactly).
@@ -357,121 +466,29 @@ impl<'a> Krylov<'a> {
         true
     }
 
-    /// The columns and their error estimates from the space as it is. `known`: the λ₁
-    /// estimate and bound of a smaller depth that vouched for `stable_rank`.
-    fn analyse(&self, goal: SketchGoal, known: Option<Known>) -> Stage {
-        let failed = || Stage {
-            sketch: unmeasured(self.steps),
-            known: None,
-            stable_rank_vouched: false,
-        };
-        let (r, b) = (self.r, SKETCH_BLOCK);
+    /// What the analysis of the space as it is needs besides T and (GK)ᵀ(GK): the last
+    /// block's residual Gram matrix, the other blocks' round-off, and the probes' parts
+    /// outside the space.
+    fn depth(&self) -> Depth {
         let k = self.basis.ncols();
-        let Some((theta, vectors)) = eigh(self.projected.as_ref()) else {
-            return failed();
-        };
-        let largest = theta.last().copied().unwrap_or(0.0);
-        // A smaller depth's λ₁ estimate is a Rayleigh quotient too: the pencil is not needed
-        // again once `stable_rank` is vouched for.
-        let pencil = match known {
-            Some(known) => known.top,
-            None => pencil_top(&theta, vectors.as_ref(), self.squares.as_ref()),
-        };
-        let top = largest.max(pencil).min(1.0);
-        let finite = theta.iter().all(|t| t.is_finite()) && pencil.is_finite();
-        if !finite || top <= 0.0 {
-            return failed();
-        }
-
-        // Ritz residual norms ‖G·K·y − θ·K·y‖ = ‖R·y_q‖ (R the last block's residual, y_q
-        // the last block of y): the Krylov relation, up to round-off.
-        let residual_gram = mul(self.residual.transpose(), self.residual.as_ref());
-        let last = vectors.subrows(k - b, b);
-        let reach = mul(residual_gram.as_ref(), last);
-        let residual_norm: Vec<f64> = (0..k)
-            .map(|j| {
-                let s: f64 = (0..b).map(|i| last[(i, j)] * reach[(i, j)]).sum();
-                s.max(0.0).sqrt()
-            })
-            .collect();
-
-        // λ₁ and `stable_rank`.
-        let bound = match known {
-            Some(known) => known.bound.max(top),
-            None => self.lambda_bound(&theta, vectors.as_ref(), residual_gram.as_ref(), top),
-        };
-        let stable_rank_err = (bound / top - 1.0).max(SKETCH_ERROR_FLOOR);
-
-        // Σλ² and `participation_ratio`.
-        let (trace_sq, trace_sq_se) = self.trace_sq();
-        // Σλ² is at least what K holds (and (Σλ)² / r), and at most λ₁·Σλ.
-        let inside = trace_of(self.squares.as_ref());
-        let trace_sq = clamped(trace_sq, (1.0 / r as f64).max(inside), bound);
-        let margin = SKETCH_Z * trace_sq_se;
-        let participation_err = if trace_sq > margin {
-            (margin / (trace_sq - margin)).max(SKETCH_ERROR_FLOOR)
-        } else {
-            f64::INFINITY
-        };
-
-        // The quadrature for Σσ and Σ σ ln σ.
-        let converged: Vec<bool> = theta
-            .iter()
-            .zip(&residual_norm)
-            .map(|(&t, &res)| t > 0.0 && res <= SKETCH_CONVERGED * t)
-            .collect();
-        let first_block = squared_rows(vectors.subrows(0, b));
-        let radau = self.radau(&theta, vectors.as_ref());
-        let quadrature = Quadrature::new(r, top, &theta, &converged, &first_block, radau.as_ref());
-        let [effective, ratio_sv, nuclear] = quadrature.values();
-        let nuclear_err = (1.0 + nuclear.1) * (bound / top).sqrt() - 1.0;
-        let (count, count_err) = quadrature.count90();
-
-        let mut spectral = Spectral {
-            stable_rank: Some(1.0 / top),
-            participation_ratio: Some(clamped(1.0 / trace_sq, 1.0 / top, r as f64)),
-            participation_ratio_sv: Some(ratio_sv.0),
-            cum_energy_90: Some(count),
-            nuclear_norm_ratio: Some(nuclear.0),
-            effective_rank: Some(effective.0),
-        };
-        let floor = |e: f64| {
-            if e.is_nan() {
-                f64::INFINITY
-            } else {
-                e.max(SKETCH_ERROR_FLOOR)
+        let b = SKETCH_BLOCK;
+        // R_off = GK − KT − R·E_qᵀ: the Krylov relation's round-off, measured.
+        let mut off_blocks = self.products.clone();
+        matmul(
+            off_blocks.as_mut(),
+            Accum::Add,
+            self.basis.as_ref(),
+            self.projected.as_ref(),
+            -1.0,
+            Par::Seq,
+        );
+        let mut tail = off_blocks.as_mut().subcols_mut(k - b, b);
+        for j in 0..b {
+            for i in 0..self.r {
+                tail[(i, j)] -= self.residual[(i, j)];
             }
-        };
-        let errors = SpectralErrors {
-            stable_rank: Some(stable_rank_err),
-            participation_ratio: Some(participation_err),
-            participation_ratio_sv: Some(floor(ratio_sv.1)),
-            cum_energy_90: Some(if count_err.is_nan() {
-                f64::INFINITY
-            } else {
-                count_err
-            }),
-            nuclear_norm_ratio: Some(floor(nuclear_err)),
-            effective_rank: Some(floor(effective.1)),
-        };
-        let (vouched, stable_rank_vouched) = mark_unvouched(&mut spectral, &errors, goal);
-        Stage {
-            sketch: Sketch {
-                spectral,
-                errors,
-                vouched,
-                steps: self.steps,
-            },
-            known: Some(Known { bound, top }),
-            stable_rank_vouched,
         }
-    }
-
-    /// Σλ² (units of (Σλ)²) and its standard error: ‖G·K‖²_F exactly, plus ‖G·(I − P)‖²_F
-    /// by Hutchinson's estimator over the probes Z, with zᵀ(I − P)G(I − P)z, whose mean
-    /// 1 − tr T is known exactly, as a control variate.
-    fn trace_sq(&self) -> (f64, f64) {
-        let m = SKETCH_PROBES;
+        // The probes outside the space, (I − P)·Z, and G·(I − P)·Z.
         let coefficients = mul(self.basis.transpose(), self.z.as_ref());
         let mut g_outside = self.gz.clone();
         matmul(
@@ -491,40 +508,181 @@ impl<'a> Krylov<'a> {
             -1.0,
             Par::Seq,
         );
-        let a: Vec<f64> = (0..m).map(|j| g_outside.col(j).squared_norm_l2()).collect();
-        let c: Vec<f64> = (0..m)
-            .map(|j| {
-                g_outside
-                    .col(j)
-                    .iter()
-                    .zip(outside.col(j).iter())
-                    .map(|(x, y)| x * y)
-                    .sum()
-            })
-            .collect();
-        let trace_outside = 1.0 - trace_of(self.projected.as_ref());
-        let (mean_a, mean_c) = (mean(&a), mean(&c));
-        let var_c = c.iter().map(|v| (v - mean_c).powi(2)).sum::<f64>();
-        let beta = if var_c > 0.0 {
-            a.iter()
-                .zip(&c)
-                .map(|(x, y)| (x - mean_a) * (y - mean_c))
-                .sum::<f64>()
-                / var_c
-        } else {
-            0.0
-        };
-        let adjusted: Vec<f64> = a
-            .iter()
-            .zip(&c)
-            .map(|(x, y)| x - beta * (y - trace_outside))
-            .collect();
-        let estimate = mean(&adjusted);
-        let spread =
-            adjusted.iter().map(|v| (v - estimate).powi(2)).sum::<f64>() / (m as f64 - 2.0);
-        let inside = trace_of(self.squares.as_ref());
-        (inside + estimate, (spread / m as f64).sqrt())
+        let m = SKETCH_PROBES;
+        Depth {
+            steps: self.steps,
+            residual_gram: mul(self.residual.transpose(), self.residual.as_ref()),
+            off: off_blocks.norm_l2(),
+            probe_outside: (0..m).map(|j| g_outside.col(j).squared_norm_l2()).collect(),
+            probe_control: (0..m)
+                .map(|j| {
+                    g_outside
+                        .col(j)
+                        .iter()
+                        .zip(outside.col(j).iter())
+                        .map(|(x, y)| x * y)
+                        .sum()
+                })
+                .collect(),
+        }
     }
+}
+
+/// One checked depth of the space as the analysis reads it: r, T = KᵀGK and (GK)ᵀ(GK)
+/// (k × k, k = (steps + 1)·b), and the rest in [`Depth`].
+struct View<'s> {
+    r: usize,
+    projected: MatRef<'s, f64>,
+    squares: MatRef<'s, f64>,
+    depth: &'s Depth,
+}
+
+/// The columns and their error estimates from one depth of the space. `known`: the λ₁
+/// estimate and bound of a smaller depth that vouched for `stable_rank`.
+fn analyse(view: &View<'_>, goal: SketchGoal, known: Option<Known>) -> Stage {
+    let steps = view.depth.steps;
+    let failed = || Stage {
+        sketch: unmeasured(steps),
+        known: None,
+        stable_rank_vouched: false,
+    };
+    let (r, b) = (view.r, SKETCH_BLOCK);
+    let k = view.projected.nrows();
+    let Some((theta, vectors)) = eigh(view.projected) else {
+        return failed();
+    };
+    let largest = theta.last().copied().unwrap_or(0.0);
+    // A smaller depth's λ₁ estimate is a Rayleigh quotient too: the pencil is not needed
+    // again once `stable_rank` is vouched for.
+    let pencil = match known {
+        Some(known) => known.top,
+        None => pencil_top(&theta, vectors.as_ref(), view.squares),
+    };
+    let top = largest.max(pencil).min(1.0);
+    let finite = theta.iter().all(|t| t.is_finite()) && pencil.is_finite();
+    if !finite || top <= 0.0 {
+        return failed();
+    }
+
+    // Ritz residual norms ‖G·K·y − θ·K·y‖ = ‖R·y_q‖ (R the last block's residual, y_q
+    // the last block of y): the Krylov relation, up to round-off.
+    let residual_gram = view.depth.residual_gram.as_ref();
+    let last = vectors.subrows(k - b, b);
+    let reach = mul(residual_gram, last);
+    let residual_norm: Vec<f64> = (0..k)
+        .map(|j| {
+            let s: f64 = (0..b).map(|i| last[(i, j)] * reach[(i, j)]).sum();
+            s.max(0.0).sqrt()
+        })
+        .collect();
+
+    // λ₁ and `stable_rank`.
+    let bound = match known {
+        Some(known) => known.bound.max(top),
+        None => lambda_bound(
+            r,
+            &theta,
+            vectors.as_ref(),
+            residual_gram,
+            view.depth.off,
+            top,
+        ),
+    };
+    let stable_rank_err = (bound / top - 1.0).max(SKETCH_ERROR_FLOOR);
+
+    // Σλ² and `participation_ratio`.
+    let (trace_sq, trace_sq_se) = trace_sq(view);
+    // Σλ² is at least what K holds (and (Σλ)² / r), and at most λ₁·Σλ.
+    let inside = trace_of(view.squares);
+    let trace_sq = clamped(trace_sq, (1.0 / r as f64).max(inside), bound);
+    let margin = SKETCH_Z * trace_sq_se;
+    let participation_err = if trace_sq > margin {
+        (margin / (trace_sq - margin)).max(SKETCH_ERROR_FLOOR)
+    } else {
+        f64::INFINITY
+    };
+
+    // The quadrature for Σσ and Σ σ ln σ.
+    let converged: Vec<bool> = theta
+        .iter()
+        .zip(&residual_norm)
+        .map(|(&t, &res)| t > 0.0 && res <= SKETCH_CONVERGED * t)
+        .collect();
+    let first_block = squared_rows(vectors.subrows(0, b));
+    let radau = radau(view.projected, residual_gram, &theta, vectors.as_ref());
+    let quadrature = Quadrature::new(r, top, &theta, &converged, &first_block, radau.as_ref());
+    let [effective, ratio_sv, nuclear] = quadrature.values();
+    let nuclear_err = (1.0 + nuclear.1) * (bound / top).sqrt() - 1.0;
+    let (count, count_err) = quadrature.count90();
+
+    let mut spectral = Spectral {
+        stable_rank: Some(1.0 / top),
+        participation_ratio: Some(clamped(1.0 / trace_sq, 1.0 / top, r as f64)),
+        participation_ratio_sv: Some(ratio_sv.0),
+        cum_energy_90: Some(count),
+        nuclear_norm_ratio: Some(nuclear.0),
+        effective_rank: Some(effective.0),
+    };
+    let floor = |e: f64| {
+        if e.is_nan() {
+            f64::INFINITY
+        } else {
+            e.max(SKETCH_ERROR_FLOOR)
+        }
+    };
+    let errors = SpectralErrors {
+        stable_rank: Some(stable_rank_err),
+        participation_ratio: Some(participation_err),
+        participation_ratio_sv: Some(floor(ratio_sv.1)),
+        cum_energy_90: Some(if count_err.is_nan() {
+            f64::INFINITY
+        } else {
+            count_err
+        }),
+        nuclear_norm_ratio: Some(floor(nuclear_err)),
+        effective_rank: Some(floor(effective.1)),
+    };
+    let (vouched, stable_rank_vouched) = mark_unvouched(&mut spectral, &errors, goal);
+    Stage {
+        sketch: Sketch {
+            spectral,
+            errors,
+            vouched,
+            steps,
+        },
+        known: Some(Known { bound, top }),
+        stable_rank_vouched,
+    }
+}
+
+/// Σλ² (units of (Σλ)²) and its standard error: ‖G·K‖²_F exactly, plus ‖G·(I − P)‖²_F
+/// by Hutchinson's estimator over the probes Z, with zᵀ(I − P)G(I − P)z, whose mean
+/// 1 − tr T is known exactly, as a control variate.
+fn trace_sq(view: &View<'_>) -> (f64, f64) {
+    let a = &view.depth.probe_outside;
+    let c = &view.depth.probe_control;
+    let m = a.len();
+    let trace_outside = 1.0 - trace_of(view.projected);
+    let (mean_a, mean_c) = (mean(a), mean(c));
+    let var_c = c.iter().map(|v| (v - mean_c).powi(2)).sum::<f64>();
+    let beta = if var_c > 0.0 {
+        a.iter()
+            .zip(c)
+            .map(|(x, y)| (x - mean_a) * (y - mean_c))
+            .sum::<f64>()
+            / var_c
+    } else {
+        0.0
+    };
+    let adjusted: Vec<f64> = a
+        .iter()
+        .zip(c)
+        .map(|(x, y)| x - beta * (y - trace_outside))
+        .collect();
+    let estimate = mean(&adjusted);
+    let spread = adjusted.iter().map(|v| (v - estimate).powi(2)).sum::<f64>() / (m as f64 - 2.0);
+    let inside = trace_of(view.squares);
+    (inside + estimate, (spread / m as f64).sqrt())
 }
 
 /// `value` within [low, high], `high` winning where the two cross (rounding).

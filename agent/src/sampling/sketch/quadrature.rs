@@ -5,7 +5,7 @@
 use faer::{Mat, MatRef, Side};
 
 use super::dense::{eigh, mul, squared_rows};
-use super::{Krylov, SKETCH_BLOCK, SKETCH_EXHAUSTED, SKETCH_Z, mean};
+use super::{SKETCH_BLOCK, SKETCH_EXHAUSTED, SKETCH_Z, mean};
 use crate::sampling::spectral::CUM_ENERGY_REL_TOL;
 
 /// The block quadrature over the Ritz pairs (and the Radau rule's nodes) of one depth,
@@ -270,56 +270,59 @@ impl Quadrature {
     }
 }
 
-impl Krylov<'_> {
-    /// The Gauss–Radau rule with a node at 0: T bordered by C (the last residual
-    /// R = V'·C, CᵀC = RᵀR = L·Lᵀ, C = Lᵀ) and the diagonal block C·(Eᵀ·T⁻¹·E)·Cᵀ (E picks
-    /// the last block), which makes 0 an eigenvalue. Its nodes and the start block's
-    /// squared components of their vectors (b × (k + b), row-major); `None` where the
-    /// residual vanishes (the space holds the whole spectrum).
-    pub(super) fn radau(&self, theta: &[f64], vectors: MatRef<'_, f64>) -> Option<RadauRule> {
-        let b = SKETCH_BLOCK;
-        let k = theta.len();
-        let largest = theta[k - 1];
-        if largest <= 0.0 {
-            return None;
-        }
-        let rr = mul(self.residual.transpose(), self.residual.as_ref());
-        let lower = rr.llt(Side::Lower).ok()?.L().to_owned();
-        let last = vectors.subrows(k - b, b);
-        // Eᵀ·T⁺·E: Ritz values at round-off level are G's null directions inside K (a
-        // rank below the space's size), already nodes at 0; their Ritz vectors have no
-        // last-block component (G·K·y = 0 leaves no residual), so they drop out.
-        let inverse_theta: Vec<f64> = theta
-            .iter()
-            .map(|&t| if t <= 1e-12 * largest { 0.0 } else { 1.0 / t })
-            .collect();
-        let weighted = Mat::from_fn(b, k, |i, j| last[(i, j)] * inverse_theta[j]);
-        let inverse = mul(weighted.as_ref(), last.transpose());
-        let corner = mul(
-            mul(lower.transpose(), inverse.as_ref()).as_ref(),
-            lower.as_ref(),
-        );
-        let mut bordered = Mat::zeros(k + b, k + b);
-        bordered
-            .as_mut()
-            .submatrix_mut(0, 0, k, k)
-            .copy_from(&self.projected);
-        bordered
-            .as_mut()
-            .submatrix_mut(k - b, k, b, b)
-            .copy_from(&lower);
-        bordered
-            .as_mut()
-            .submatrix_mut(k, k - b, b, b)
-            .copy_from(lower.transpose());
-        bordered
-            .as_mut()
-            .submatrix_mut(k, k, b, b)
-            .copy_from(&corner);
-        let (nodes, radau_vectors) = eigh(bordered.as_ref())?;
-        let first = squared_rows(radau_vectors.subrows(0, b));
-        Some((nodes, first))
+/// The Gauss–Radau rule with a node at 0: T bordered by C (the last residual
+/// R = V'·C, CᵀC = RᵀR = L·Lᵀ, C = Lᵀ) and the diagonal block C·(Eᵀ·T⁻¹·E)·Cᵀ (E picks
+/// the last block), which makes 0 an eigenvalue. Its nodes and the start block's
+/// squared components of their vectors (b × (k + b), row-major); `None` where the
+/// residual vanishes (the space holds the whole spectrum). `projected` is T and
+/// `residual_gram` RᵀR.
+pub(super) fn radau(
+    projected: MatRef<'_, f64>,
+    residual_gram: MatRef<'_, f64>,
+    theta: &[f64],
+    vectors: MatRef<'_, f64>,
+) -> Option<RadauRule> {
+    let b = SKETCH_BLOCK;
+    let k = theta.len();
+    let largest = theta[k - 1];
+    if largest <= 0.0 {
+        return None;
     }
+    let lower = residual_gram.llt(Side::Lower).ok()?.L().to_owned();
+    let last = vectors.subrows(k - b, b);
+    // Eᵀ·T⁺·E: Ritz values at round-off level are G's null directions inside K (a
+    // rank below the space's size), already nodes at 0; their Ritz vectors have no
+    // last-block component (G·K·y = 0 leaves no residual), so they drop out.
+    let inverse_theta: Vec<f64> = theta
+        .iter()
+        .map(|&t| if t <= 1e-12 * largest { 0.0 } else { 1.0 / t })
+        .collect();
+    let weighted = Mat::from_fn(b, k, |i, j| last[(i, j)] * inverse_theta[j]);
+    let inverse = mul(weighted.as_ref(), last.transpose());
+    let corner = mul(
+        mul(lower.transpose(), inverse.as_ref()).as_ref(),
+        lower.as_ref(),
+    );
+    let mut bordered = Mat::zeros(k + b, k + b);
+    bordered
+        .as_mut()
+        .submatrix_mut(0, 0, k, k)
+        .copy_from(projected);
+    bordered
+        .as_mut()
+        .submatrix_mut(k - b, k, b, b)
+        .copy_from(&lower);
+    bordered
+        .as_mut()
+        .submatrix_mut(k, k - b, b, b)
+        .copy_from(lower.transpose());
+    bordered
+        .as_mut()
+        .submatrix_mut(k, k, b, b)
+        .copy_from(&corner);
+    let (nodes, radau_vectors) = eigh(bordered.as_ref())?;
+    let first = squared_rows(radau_vectors.subrows(0, b));
+    Some((nodes, first))
 }
 
 /// The Gauss–Radau rule's nodes, and per probe (b rows) the squared start-block components

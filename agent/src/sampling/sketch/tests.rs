@@ -4,7 +4,10 @@
 
 use faer::{Mat, MatRef};
 
-use super::{SKETCH_BOUNDS, Sketch, SketchGoal, sketch_spectral};
+use super::{
+    Depth, Krylov, KrylovSummary, SKETCH_BOUNDS, SKETCH_SCHEDULE, Sketch, SketchGoal,
+    sketch_spectral, sketch_summarized,
+};
 use crate::sampling::gram::GramOperator;
 use crate::sampling::spectral::{Spectral, SplitMix64, gaussian, spectral};
 
@@ -267,4 +270,84 @@ fn what_it_cannot_measure_gives_no_spectrum() {
     let op = GramOperator::Factored(fine.as_ref());
     assert!(unmeasured(&sketch_spectral(&op, f64::NAN, 1, goal)));
     assert!(unmeasured(&sketch_spectral(&op, -1.0, 1, goal)));
+}
+
+/// The summary a device would hand over, made here by the host's own Krylov process:
+/// every depth of the schedule.
+fn host_summary(op: &GramOperator<'_>, trace: f64, seed: u64) -> KrylovSummary {
+    let mut krylov = Krylov::start(op, trace, seed).expect("finite products");
+    let depths: Vec<Depth> = SKETCH_SCHEDULE
+        .iter()
+        .map(|&steps| {
+            assert!(krylov.extend(steps));
+            krylov.depth()
+        })
+        .collect();
+    KrylovSummary {
+        side: krylov.r,
+        projected: krylov.projected.clone(),
+        squares: krylov.squares.clone(),
+        depths,
+    }
+}
+
+/// The analysis reads only the summary: from the host's own Krylov process it gives what
+/// the host's sketch gives, bit for bit, at whichever depth that stopped.
+#[test]
+fn a_summary_gives_what_the_host_sketch_gives() {
+    let r = 640;
+    for (i, (name, lambda)) in known_spectra(r).into_iter().enumerate() {
+        let g = with_spectrum(&lambda, 10 + i as u64);
+        let trace: f64 = (0..r).map(|j| f64::from(g[(j, j)])).sum();
+        let op = GramOperator::Explicit(g.as_ref());
+        let goal = SketchGoal::AllColumns;
+        let sketch = sketch_spectral(&op, trace, 3, goal);
+        let summarized = sketch_summarized(&host_summary(&op, trace, 3), trace, goal);
+        assert_eq!(sketch, summarized, "{name}");
+    }
+}
+
+/// A summary of the wrong shape, with a value that is not finite, or with depths off
+/// the schedule gives no spectrum; a zero trace the zero spectrum.
+#[test]
+fn a_summary_it_cannot_read_gives_no_spectrum() {
+    let r = 640;
+    let lambda: Vec<f64> = (0..r).map(|j| 1.0 / (j + 1) as f64).collect();
+    let g = with_spectrum(&lambda, 4);
+    let trace: f64 = (0..r).map(|j| f64::from(g[(j, j)])).sum();
+    let good = host_summary(&GramOperator::Explicit(g.as_ref()), trace, 2);
+    let goal = SketchGoal::AllColumns;
+    assert!(
+        sketch_summarized(&good, trace, goal)
+            .spectral
+            .stable_rank
+            .is_some()
+    );
+    assert_eq!(
+        sketch_summarized(&good, 0.0, goal).spectral,
+        Spectral::zero()
+    );
+    let mut broken: Vec<KrylovSummary> = Vec::new();
+    let mut edit = |f: &dyn Fn(&mut KrylovSummary)| {
+        let mut s = good.clone();
+        f(&mut s);
+        broken.push(s);
+    };
+    edit(&|s| s.depths.clear());
+    edit(&|s| s.depths[0].steps = 5);
+    edit(&|s| s.depths.swap(0, 1));
+    edit(&|s| s.depths[1].off = f64::NAN);
+    edit(&|s| s.depths[2].probe_outside.pop().map(drop).unwrap_or(()));
+    edit(&|s| s.depths[0].residual_gram = Mat::zeros(3, 3));
+    edit(&|s| s.projected[(5, 7)] = f64::INFINITY);
+    edit(&|s| s.squares = Mat::zeros(10, 10));
+    edit(&|s| s.side = 100);
+    for (i, summary) in broken.iter().enumerate() {
+        let sketch = sketch_summarized(summary, trace, goal);
+        assert!(
+            !sketch.vouched && sketch.spectral == Spectral::default(),
+            "{i}: {sketch:?}"
+        );
+    }
+    assert!(!sketch_summarized(&good, f64::NAN, goal).vouched);
 }

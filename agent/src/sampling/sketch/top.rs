@@ -4,8 +4,8 @@
 
 use faer::{Mat, MatRef};
 
+use super::SKETCH_BLOCK;
 use super::dense::{eigvalsh, mul, solve_spd};
-use super::{Krylov, SKETCH_BLOCK};
 
 /// Ritz values below this fraction of the largest are left out of the second estimate of
 /// λ₁, whose projected matrix divides by them.
@@ -18,121 +18,104 @@ const CHI2_BLOCK_QUANTILE: f64 = 1.4507;
 /// bound λ₁ (measured: about 10⁻⁶ at 2,048 × 4,096).
 const SKETCH_ROUNDING: f64 = 1e-5;
 
-impl Krylov<'_> {
-    /// An upper bound on λ₁ (units of Σλ) that holds except with probability
-    /// [`SKETCH_FAILURE`](super::SKETCH_FAILURE) over the start block. For an eigenpair
-    /// (x, u) of G, with GK = KT + R·E_qᵀ + R_off (R = V'·C the last block's residual, R_off the other blocks'
-    /// round-off) and y = Kᵀu, w = V'ᵀu: y = (x − T)⁻¹(E_q·Cᵀw + R_offᵀu), ‖y‖² + ‖w‖² ≤ 1,
-    /// and the start block's share of u is ‖E₀ᵀy‖². The largest share any unit u allows at
-    /// x falls fast as x moves above the Ritz values; λ₁'s eigenvector has at least
-    /// [`CHI2_BLOCK_QUANTILE`]/r of it (except with that probability), so the largest x
-    /// allowing that much bounds λ₁. `residual_gram` is RᵀR.
-    pub(super) fn lambda_bound(
-        &self,
-        theta: &[f64],
-        vectors: MatRef<'_, f64>,
-        residual_gram: MatRef<'_, f64>,
-        top: f64,
-    ) -> f64 {
-        let r = self.r as f64;
-        let b = SKETCH_BLOCK;
-        let k = theta.len();
-        if top >= 1.0 {
-            return 1.0;
-        }
-        // ‖Q₀ᵀu‖² = X / (X + Y) with X ~ χ²_b and Y ~ χ²_{r−b}; Y ≤ r + 9√r + 40 except with
-        // probability below 10⁻⁹ (Laurent and Massart), so X below the quantile is the
-        // only way under this share.
-        let least = CHI2_BLOCK_QUANTILE / (r + 9.0 * r.sqrt() + 40.0 + CHI2_BLOCK_QUANTILE);
-        // The float32 products' round-off (an operator-norm allowance, on top of R_off).
-        let rounding = SKETCH_ROUNDING * top;
-        let start = vectors.subrows(0, b);
-        let last = vectors.subrows(k - b, b);
-        // R_off = GK − KT − R·E_qᵀ, measured; and C with CᵀC = RᵀR + rounding²·I (a larger
-        // C only widens the set of u considered).
-        let mut off_blocks = self.products.clone();
-        faer::linalg::matmul::matmul(
-            off_blocks.as_mut(),
-            faer::Accum::Add,
-            self.basis.as_ref(),
-            self.projected.as_ref(),
-            -1.0,
-            faer::Par::Seq,
-        );
-        let mut tail = off_blocks.as_mut().subcols_mut(k - b, b);
-        for j in 0..b {
-            for i in 0..self.r {
-                tail[(i, j)] -= self.residual[(i, j)];
-            }
-        }
-        let off = off_blocks.norm_l2() + rounding;
-        let regularized = Mat::from_fn(b, b, |i, j| {
-            residual_gram[(i, j)] + if i == j { rounding * rounding } else { 0.0 }
-        });
-        let Ok(cholesky) = regularized.llt(faer::Side::Lower) else {
-            return 1.0;
-        };
-        // Yᵀ·E_q·Cᵀ (k × b): the last block's residual in the Ritz basis.
-        let coupling = mul(last.transpose(), cholesky.L());
-        let largest = theta.last().copied().unwrap_or(0.0);
-        let share = |x: f64| -> f64 {
-            // How much the round-off can move y, against the scale of x − T.
-            let slack = off / (x - largest);
-            if slack >= 0.5 {
-                return f64::INFINITY;
-            }
-            let inverse: Vec<f64> = theta.iter().map(|t| 1.0 / (x - t)).collect();
-            let start_scaled = Mat::from_fn(b, k, |i, j| start[(i, j)] * inverse[j]);
-            let first = mul(start_scaled.as_ref(), coupling.as_ref());
-            let scaled = Mat::from_fn(k, b, |i, j| coupling[(i, j)] * inverse[i]);
-            let mut constraint = mul(scaled.transpose(), scaled.as_ref());
-            for i in 0..b {
-                for j in 0..b {
-                    constraint[(i, j)] *= 1.0 - slack;
-                }
-                constraint[(i, i)] += 1.0;
-            }
-            let Some(solved) = solve_spd(constraint.as_ref(), first.transpose()) else {
-                return f64::INFINITY;
-            };
-            let reach = max_eigenvalue(mul(first.as_ref(), solved.as_ref()).as_ref());
-            let spill =
-                max_eigenvalue(mul(start_scaled.as_ref(), start_scaled.transpose()).as_ref())
-                    .sqrt()
-                    * off;
-            (((1.0 + slack) * reach).max(0.0).sqrt() + spill).powi(2)
-        };
-        // x = top·(1 + eᵘ), u from ln 10⁻⁹ to where x = 1 (λ₁ ≤ Σλ): a coarse scan down
-        // from the top, then bisection where the share crosses `least`.
-        let (low, high) = (1e-9f64.ln(), (1.0 / top - 1.0).max(1e-9).ln());
-        let at = |u: f64| top * (1.0 + u.exp());
-        if share(at(high).min(1.0)) >= least {
-            return 1.0;
-        }
-        const SCAN: usize = 24;
-        let grid: Vec<f64> = (0..=SCAN)
-            .map(|i| high - (high - low) * i as f64 / SCAN as f64)
-            .collect();
-        let mut above = None;
-        for pair in grid.windows(2) {
-            if share(at(pair[1])) >= least {
-                above = Some((pair[1], pair[0]));
-                break;
-            }
-        }
-        let Some((mut lo, mut hi)) = above else {
-            return at(low);
-        };
-        for _ in 0..14 {
-            let mid = 0.5 * (lo + hi);
-            if share(at(mid)) >= least {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        at(hi).min(1.0)
+/// An upper bound on λ₁ (units of Σλ) that holds except with probability
+/// [`SKETCH_FAILURE`](super::SKETCH_FAILURE) over the start block. For an eigenpair
+/// (x, u) of G, with GK = KT + R·E_qᵀ + R_off (R = V'·C the last block's residual, R_off the other blocks'
+/// round-off) and y = Kᵀu, w = V'ᵀu: y = (x − T)⁻¹(E_q·Cᵀw + R_offᵀu), ‖y‖² + ‖w‖² ≤ 1,
+/// and the start block's share of u is ‖E₀ᵀy‖². The largest share any unit u allows at
+/// x falls fast as x moves above the Ritz values; λ₁'s eigenvector has at least
+/// [`CHI2_BLOCK_QUANTILE`]/r of it (except with that probability), so the largest x
+/// allowing that much bounds λ₁. `residual_gram` is RᵀR and `off` is ‖R_off‖_F, both
+/// measured ([`super::Depth`]).
+pub(super) fn lambda_bound(
+    r: usize,
+    theta: &[f64],
+    vectors: MatRef<'_, f64>,
+    residual_gram: MatRef<'_, f64>,
+    off: f64,
+    top: f64,
+) -> f64 {
+    let r = r as f64;
+    let b = SKETCH_BLOCK;
+    let k = theta.len();
+    if top >= 1.0 {
+        return 1.0;
     }
+    // ‖Q₀ᵀu‖² = X / (X + Y) with X ~ χ²_b and Y ~ χ²_{r−b}; Y ≤ r + 9√r + 40 except with
+    // probability below 10⁻⁹ (Laurent and Massart), so X below the quantile is the
+    // only way under this share.
+    let least = CHI2_BLOCK_QUANTILE / (r + 9.0 * r.sqrt() + 40.0 + CHI2_BLOCK_QUANTILE);
+    // The float32 products' round-off (an operator-norm allowance, on top of R_off).
+    let rounding = SKETCH_ROUNDING * top;
+    let start = vectors.subrows(0, b);
+    let last = vectors.subrows(k - b, b);
+    // C with CᵀC = RᵀR + rounding²·I (a larger C only widens the set of u considered).
+    let off = off + rounding;
+    let regularized = Mat::from_fn(b, b, |i, j| {
+        residual_gram[(i, j)] + if i == j { rounding * rounding } else { 0.0 }
+    });
+    let Ok(cholesky) = regularized.llt(faer::Side::Lower) else {
+        return 1.0;
+    };
+    // Yᵀ·E_q·Cᵀ (k × b): the last block's residual in the Ritz basis.
+    let coupling = mul(last.transpose(), cholesky.L());
+    let largest = theta.last().copied().unwrap_or(0.0);
+    let share = |x: f64| -> f64 {
+        // How much the round-off can move y, against the scale of x − T.
+        let slack = off / (x - largest);
+        if slack >= 0.5 {
+            return f64::INFINITY;
+        }
+        let inverse: Vec<f64> = theta.iter().map(|t| 1.0 / (x - t)).collect();
+        let start_scaled = Mat::from_fn(b, k, |i, j| start[(i, j)] * inverse[j]);
+        let first = mul(start_scaled.as_ref(), coupling.as_ref());
+        let scaled = Mat::from_fn(k, b, |i, j| coupling[(i, j)] * inverse[i]);
+        let mut constraint = mul(scaled.transpose(), scaled.as_ref());
+        for i in 0..b {
+            for j in 0..b {
+                constraint[(i, j)] *= 1.0 - slack;
+            }
+            constraint[(i, i)] += 1.0;
+        }
+        let Some(solved) = solve_spd(constraint.as_ref(), first.transpose()) else {
+            return f64::INFINITY;
+        };
+        let reach = max_eigenvalue(mul(first.as_ref(), solved.as_ref()).as_ref());
+        let spill = max_eigenvalue(mul(start_scaled.as_ref(), start_scaled.transpose()).as_ref())
+            .sqrt()
+            * off;
+        (((1.0 + slack) * reach).max(0.0).sqrt() + spill).powi(2)
+    };
+    // x = top·(1 + eᵘ), u from ln 10⁻⁹ to where x = 1 (λ₁ ≤ Σλ): a coarse scan down
+    // from the top, then bisection where the share crosses `least`.
+    let (low, high) = (1e-9f64.ln(), (1.0 / top - 1.0).max(1e-9).ln());
+    let at = |u: f64| top * (1.0 + u.exp());
+    if share(at(high).min(1.0)) >= least {
+        return 1.0;
+    }
+    const SCAN: usize = 24;
+    let grid: Vec<f64> = (0..=SCAN)
+        .map(|i| high - (high - low) * i as f64 / SCAN as f64)
+        .collect();
+    let mut above = None;
+    for pair in grid.windows(2) {
+        if share(at(pair[1])) >= least {
+            above = Some((pair[1], pair[0]));
+            break;
+        }
+    }
+    let Some((mut lo, mut hi)) = above else {
+        return at(low);
+    };
+    for _ in 0..14 {
+        let mid = 0.5 * (lo + hi);
+        if share(at(mid)) >= least {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    at(hi).min(1.0)
 }
 
 /// The pencil's top eigenvalue (Kᵀ·G²·K, Kᵀ·G·K), on the Ritz directions T can divide by:
