@@ -220,7 +220,7 @@ pub fn sketch_summarized(summary: &KrylovSummary, trace: f64, goal: SketchGoal) 
             steps: 0,
         };
     }
-    if !(trace.is_finite() && trace > 0.0) || !summary_is_valid(summary) {
+    if !(trace.is_finite() && trace > 0.0 && summary_is_valid(summary)) {
         return unmeasured(0);
     }
     let mut known = None;
