@@ -20,9 +20,17 @@ here, in torch operations:
    blocking, and an event. The training thread issues about twenty operations per
    batch rather than per sample (issued one sample at a time, they cost it 0.9 ms a
    sample on an H200: BENCHMARKS.md, "GPU");
+   Where the sketch measures a sample (``RANKSCOPE_SPECTRUM``, ``docs/metrics.md``),
+   the side stream goes on to run the sketch's Krylov process on its Gram matrix
+   (:func:`krylov`), and only that process's small matrices, about 1 MiB a sample,
+   are copied to the host instead of the Gram matrix (64 MiB at 4,096 × 4,096): the
+   metrics thread then does only the sketch's small dense algebra;
 3. when that event has completed (``poll``, at a later step's end, a non-blocking
    query), the pinned buffers go to the extension, whose metrics thread measures
-   them (eigenvalues in float64 on the host, or the sketch).
+   them (eigenvalues in float64 on the host, or the sketch's analysis).
+
+An error in a reduction (out of device memory, say) does not reach the training loop:
+its samples are handed over as failed, counted as dropped with the error's first line.
 
 The side stream's work of each batch lies between two timing events; once both have
 completed, their elapsed time (read without a wait) is the agent's device time: the
@@ -84,19 +92,23 @@ def pool_bytes_from_env() -> int:
 class _Taken:
     """A sample's rows, copied on the training stream, waiting for the step's end."""
 
-    __slots__ = ("token", "matrix", "centered", "nbytes")
+    __slots__ = ("token", "matrix", "centered", "nbytes", "sketch", "seed")
 
-    def __init__(self, token: Any, matrix: torch.Tensor, centered: bool, nbytes: int) -> None:
+    def __init__(
+        self, token: Any, matrix: torch.Tensor, centered: bool, nbytes: int, sketch: bool = False, seed: int = 0
+    ) -> None:
         self.token = token
         self.matrix = matrix
         self.centered = centered
         self.nbytes = nbytes
+        self.sketch = sketch
+        self.seed = seed
 
 
 class _Pending:
     """One group's reduction, launched: its samples' tokens and pinned results."""
 
-    __slots__ = ("tokens", "nbytes", "started", "event", "health", "gram", "device_ns")
+    __slots__ = ("tokens", "nbytes", "started", "event", "health", "gram", "device_ns", "trace")
 
     def __init__(
         self,
@@ -107,15 +119,19 @@ class _Pending:
         health: torch.Tensor,
         gram: torch.Tensor,
         device_ns: int = 0,
+        trace: Optional[torch.Tensor] = None,
     ):
         self.tokens = tokens
         self.nbytes = nbytes
         # The timing events around the side stream's work (None without a stream).
         self.started = started
         self.event = event
-        # One row of sums and one Gram matrix per sample, in the order of `tokens`.
+        # One row of sums and one Gram matrix per sample, in the order of `tokens`; for
+        # a sketched batch, one packed Krylov summary per sample instead, and each
+        # one's Σλ in `trace`.
         self.health = health
         self.gram = gram
+        self.trace = trace
         # Without a stream: the reduction's own time.
         self.device_ns = device_ns
 
@@ -131,6 +147,12 @@ class DeviceSide:
         self._taken_bytes = 0
         self._pending: Deque[_Pending] = deque()
         self._pending_bytes = 0
+
+    def _native_constants(self) -> Tuple[int, int, Tuple[int, ...], int]:
+        """The sketch's block, probes, schedule and packed length, from the extension."""
+        from . import _native
+
+        return (_native.SKETCH_BLOCK, _native.SKETCH_PROBES, tuple(_native.SKETCH_SCHEDULE), _native.SKETCH_PACKED_LEN)
 
     def _stream(self, device: torch.device) -> Any:
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -151,13 +173,17 @@ class DeviceSide:
         cols: int,
         chosen: Optional[bytes],
         centered: bool,
+        sketch: bool = False,
+        seed: int = 0,
     ) -> None:
         """Copies one sample's rows (called by the extension's hook on the training
         thread); its reduction starts at the step's end (:meth:`launch`). ``chosen``:
-        the rows to keep, little-endian int64, or ``None`` for all."""
+        the rows to keep, little-endian int64, or ``None`` for all. ``sketch``: the
+        sketch measures it, so the device runs its Krylov process (:func:`krylov`),
+        drawing its random vectors from ``seed``."""
         kept = len(chosen) // 8 if chosen is not None else rows
         side = min(kept, cols)
-        nbytes = side * side * 4 + 40
+        nbytes = (self._native_constants()[3] * 8 if sketch else side * side * 4) + 48
         if self._pending_bytes + self._native.pinned_bytes_held() + nbytes > self._pool_bytes:
             self._native.hand_over_failed(
                 token,
@@ -175,7 +201,7 @@ class DeviceSide:
             matrix = matrix.index_select(0, index)
         else:
             matrix = matrix.clone()
-        self._taken.append(_Taken(token, matrix, centered, nbytes))
+        self._taken.append(_Taken(token, matrix, centered, nbytes, sketch, seed))
         self._pending_bytes += nbytes
         self._taken_bytes += matrix.numel() * matrix.element_size()
         if self._taken_bytes > HELD_BYTES:
@@ -187,7 +213,7 @@ class DeviceSide:
         most ``GROUP_BYTES`` of float32."""
         groups: Dict[Tuple[Any, ...], List[_Taken]] = {}
         for t in self._taken:
-            key = (t.matrix.device, tuple(t.matrix.shape), t.matrix.dtype, t.centered)
+            key = (t.matrix.device, tuple(t.matrix.shape), t.matrix.dtype, t.centered, t.sketch)
             groups.setdefault(key, []).append(t)
         self._taken = []
         self._taken_bytes = 0
@@ -195,20 +221,32 @@ class DeviceSide:
             rows, cols = items[0].matrix.shape
             per_chunk = max(1, GROUP_BYTES // max(1, rows * cols * 4))
             for first in range(0, len(items), per_chunk):
-                self._reduce(items[first : first + per_chunk])
+                chunk = items[first : first + per_chunk]
+                try:
+                    self._reduce(chunk)
+                except Exception as error:  # noqa: BLE001 - training goes on; the samples are counted
+                    why = str(error).splitlines()[0] if str(error) else type(error).__name__
+                    for t in chunk:
+                        self._pending_bytes -= t.nbytes
+                        self._native.hand_over_failed(t.token, f"the device side failed: {why}")
 
     def _reduce(self, items: List[_Taken]) -> None:
         tokens = [t.token for t in items]
         nbytes = [t.nbytes for t in items]
         device = items[0].matrix.device
         centered = items[0].centered
+        sketch = items[0].sketch
         if device.type != "cuda":
             # The same reduction without a stream (the extension's tests run it on CPU).
             reducing = perf_counter_ns()
             health, gram = reduce(torch.stack([t.matrix for t in items]), centered)
-            gram = gram.float().contiguous()
+            trace = None
+            if sketch:
+                trace, gram = krylov(gram, items[0].seed, *self._native_constants())
+            else:
+                gram = gram.float().contiguous()
             spent = perf_counter_ns() - reducing
-            self._pending.append(_Pending(tokens, nbytes, None, None, health, gram, spent))
+            self._pending.append(_Pending(tokens, nbytes, None, None, health, gram, spent, trace))
             return
         stream = self._stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
@@ -218,8 +256,15 @@ class DeviceSide:
             started.record(stream)
             batch = torch.stack([t.matrix for t in items]) if len(items) > 1 else items[0].matrix.unsqueeze(0)
             health, gram = reduce(batch, centered)
-            host_gram = torch.empty(gram.shape, dtype=torch.float32, pin_memory=True)
-            host_gram.copy_(gram.float(), non_blocking=True)
+            host_trace = None
+            if sketch:
+                trace, gram = krylov(gram, items[0].seed, *self._native_constants())
+                host_trace = torch.empty(trace.shape, dtype=torch.float64, pin_memory=True)
+                host_trace.copy_(trace, non_blocking=True)
+            else:
+                gram = gram.float()
+            host_gram = torch.empty(gram.shape, dtype=gram.dtype, pin_memory=True)
+            host_gram.copy_(gram, non_blocking=True)
             host_health = torch.empty(health.shape, dtype=torch.float64, pin_memory=True)
             host_health.copy_(health, non_blocking=True)
             event = torch.cuda.Event(enable_timing=True)
@@ -227,7 +272,7 @@ class DeviceSide:
         # The copies were made on the training stream and are read on the side stream.
         for t in items:
             t.matrix.record_stream(stream)
-        self._pending.append(_Pending(tokens, nbytes, started, event, host_health, host_gram))
+        self._pending.append(_Pending(tokens, nbytes, started, event, host_health, host_gram, 0, host_trace))
 
     def launch(self) -> None:
         """At a step's end, before its row is made: starts the reduction of the
@@ -265,8 +310,21 @@ class DeviceSide:
         if item.started is not None:
             device_ns = int(item.started.elapsed_time(item.event) * 1e6)
         self._native.add_device_ns(device_ns, len(item.tokens))
-        for token, sums, gram in zip(item.tokens, item.health.tolist(), item.gram):
+        traces = item.trace.tolist() if item.trace is not None else None
+        for i, (token, sums, gram) in enumerate(zip(item.tokens, item.health.tolist(), item.gram)):
             finite, nonfinite, total, total_sq, zeros = sums
+            if traces is not None:
+                self._native.hand_over_sketched(
+                    token,
+                    int(finite),
+                    int(nonfinite),
+                    total,
+                    total_sq,
+                    int(zeros),
+                    traces[i],
+                    gram if nonfinite == 0 else None,
+                )
+                continue
             self._native.hand_over_reduced(
                 token, int(finite), int(nonfinite), total, total_sq, int(zeros), gram if nonfinite == 0 else None
             )
@@ -303,6 +361,106 @@ def reduce(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Ten
     _, rows, cols = a.shape
     gram = operand.transpose(1, 2) @ operand if cols <= rows else operand @ operand.transpose(1, 2)
     return health, gram
+
+
+def krylov(
+    gram: torch.Tensor, seed: int, block: int, probes: int, schedule: Sequence[int], packed_len: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The sketch's Krylov process for k Gram matrices alike (k × r × r), on their
+    device: what the extension's ``KrylovSummary`` needs (``agent/src/sampling/
+    sketch.rs`` analyses it; ``docs/metrics.md``, "Sketch mode", states the method).
+    Returns each one's Σλ (k, float64) and its packed summary (k × ``packed_len``,
+    float64, in ``KrylovSummary::from_packed``'s order).
+
+    The same process as the host's sketch, in G / Σλ: products with G in float32 (in
+    float64 where the user allowed TF32), everything else in float64; a block Krylov
+    space from ``block`` orthonormalized Gaussian vectors and ``probes`` Rademacher
+    probes, drawn from ``seed`` by torch's generator on the device. It runs to the
+    schedule's last depth, since the device does not stop to ask; the host reads the
+    depths in order and stops at the first that vouches. Every new block is projected
+    out of the space twice and orthonormalized by Cholesky QR twice (no branch on the
+    device, no wait, no eigen-solver); a space that lost orthogonality all the same
+    makes its round-off NaN, which the host reads as a sample it cannot measure.
+    """
+    k, r, _ = gram.shape
+    device = gram.device
+    b, m, deepest = block, probes, max(schedule)
+    f64 = torch.float64
+    trace = gram.diagonal(dim1=1, dim2=2).to(f64).sum(dim=1)
+    tf32 = gram.is_cuda and torch.get_float32_matmul_precision() != "highest"
+    product_type = f64 if tf32 else torch.float32
+    g = (gram.to(f64) / trace[:, None, None]).to(product_type)
+
+    def times(v: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(g, v.to(product_type)).to(f64)
+
+    def project_out(y: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+        for _ in range(2):
+            y = y - basis @ (basis.transpose(1, 2) @ y)
+        return y
+
+    def orthonormal(y: torch.Tensor) -> torch.Tensor:
+        eye = torch.eye(y.shape[2], dtype=f64, device=device)
+        gram_y = y.transpose(1, 2) @ y
+        # A shift at round-off level keeps the factorization defined where the block
+        # is (nearly) rank deficient; the second pass restores orthonormality.
+        shift = 1e-13 * gram_y.diagonal(dim1=1, dim2=2).sum(dim=1) + 1e-300
+        lower, _ = torch.linalg.cholesky_ex(gram_y + shift[:, None, None] * eye)
+        return torch.linalg.solve_triangular(lower, y.transpose(1, 2), upper=False).transpose(1, 2)
+
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed % (1 << 64))
+    omega = torch.randn(k, r, b, generator=generator, device=device, dtype=f64)
+    z = torch.randint(0, 2, (k, r, m), generator=generator, device=device).to(f64) * 2 - 1
+    q = orthonormal(orthonormal(omega))
+    first = times(torch.cat([q, z], dim=2))
+    gz, product = first[:, :, b:], first[:, :, :b]
+    basis, products = q, product
+    residual = project_out(product, basis)
+    depths = []
+    for step in range(1, deepest + 1):
+        nxt = orthonormal(project_out(orthonormal(residual), basis))
+        product = times(nxt)
+        basis = torch.cat([basis, nxt], dim=2)
+        products = torch.cat([products, product], dim=2)
+        residual = project_out(product, basis)
+        if step in schedule:
+            depths.append(_depth(basis, products, residual, z, gz, b))
+    projected = basis.transpose(1, 2) @ products
+    projected = 0.5 * (projected + projected.transpose(1, 2))
+    squares = products.transpose(1, 2) @ products
+    # Orthonormality of the space, checked once: past 1e-8 the analysis would not hold.
+    size = basis.shape[2]
+    defect = torch.linalg.matrix_norm(basis.transpose(1, 2) @ basis - torch.eye(size, dtype=f64, device=device))
+    lost = (defect > 1e-8) | ~torch.isfinite(defect)
+    parts = [projected.reshape(k, -1), squares.reshape(k, -1)]
+    for residual_gram, off, outside, control in depths:
+        off = torch.where(lost, torch.full_like(off, float("nan")), off)
+        parts += [residual_gram.reshape(k, -1), off[:, None], outside, control]
+    packed = torch.cat(parts, dim=1).contiguous()
+    if packed.shape[1] != packed_len:
+        raise ValueError(f"the packed sketch summary has {packed.shape[1]} values, not {packed_len}")
+    return trace, packed
+
+
+def _depth(
+    basis: torch.Tensor, products: torch.Tensor, residual: torch.Tensor, z: torch.Tensor, gz: torch.Tensor, b: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One checked depth's RᵀR, the Krylov relation's round-off ‖GK − KT − R·E_qᵀ‖_F, and
+    per probe ‖G(I − P)z‖² and zᵀ(I − P)G(I − P)z (the extension's ``Depth``)."""
+    projected = basis.transpose(1, 2) @ products
+    projected = 0.5 * (projected + projected.transpose(1, 2))
+    off_blocks = products - basis @ projected
+    off_blocks[:, :, -b:] -= residual
+    coefficients = basis.transpose(1, 2) @ z
+    g_outside = gz - products @ coefficients
+    outside = z - basis @ coefficients
+    return (
+        residual.transpose(1, 2) @ residual,
+        torch.linalg.matrix_norm(off_blocks),
+        (g_outside * g_outside).sum(dim=1),
+        (g_outside * outside).sum(dim=1),
+    )
 
 
 def device_memory(index: int) -> Any:

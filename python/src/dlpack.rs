@@ -6,7 +6,8 @@
 //!   [`HostActivation`] while its capsule is held;
 //! - [`PinnedGram`]: a device's reduction of a sample (the Gram matrix, in pinned host
 //!   memory), held until the metrics thread has measured it, and counted against the
-//!   pinned-memory pool's bound while held.
+//!   pinned-memory pool's bound while held;
+//! - [`read_f64`]: a device's packed sketch summary, copied.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,6 +80,29 @@ pub(crate) fn read_host<T>(
     // `imported` lives, which outlives this call.
     let activation = unsafe { HostActivation::new(data, element, tensor.shape(), &strides) }?;
     Ok(f(&activation))
+}
+
+/// A copy of the `len` float64 values of a contiguous host tensor (a device's packed
+/// sketch summary), or why it is not one.
+pub(crate) fn read_f64(tensor: &Bound<'_, PyAny>, len: usize) -> Result<Vec<f64>, String> {
+    let imported = import(tensor)?;
+    let t = imported.validate().map_err(|e| e.to_string())?;
+    let dtype = t.dtype();
+    let device = t.device().device_type;
+    if (dtype.code, dtype.bits, dtype.lanes) != (DLDataTypeCode::FLOAT, 64, 1)
+        || t.shape() != [len as i64]
+        || !t.is_compact().unwrap_or(false)
+        || t.byte_offset() != 0
+        || (device != DLDeviceType::CPU && device != CUDA_HOST)
+    {
+        return Err(format!(
+            "the device side's sketch summary is not a contiguous float64 host tensor of {len} values (shape {:?})",
+            t.shape()
+        ));
+    }
+    // SAFETY: checked above: a contiguous float64 tensor of `len` elements at offset 0,
+    // which the capsule's owner keeps alive while `imported` lives (through this copy).
+    Ok(unsafe { std::slice::from_raw_parts(t.data_ptr() as *const f64, len) }.to_vec())
 }
 
 /// A device's Gram matrix in pinned host memory: float32, held through its DLPack

@@ -216,15 +216,21 @@ fn take(
                 let bytes: Vec<u8> = chosen.iter().flat_map(|r| r.to_le_bytes()).collect();
                 PyBytes::new(py, &bytes)
             });
+            let kept = plan.rows.min(if options.max_rows > 0 {
+                options.max_rows
+            } else {
+                usize::MAX
+            });
+            // Where the sketch measures it, the device runs the Krylov process too, and
+            // hands over a few hundred KiB instead of the Gram matrix.
+            let sketch =
+                options.spectrum.method(kept as i64, plan.cols as i64) == sampling::Method::Sketch;
+            let seed = pending.seed;
             let token = Py::new(
                 py,
                 NativePending {
                     pending: std::sync::Mutex::new(Some(pending)),
-                    rows: plan.rows.min(if options.max_rows > 0 {
-                        options.max_rows
-                    } else {
-                        usize::MAX
-                    }),
+                    rows: kept,
                     cols: plan.cols,
                     conv_layout: plan.conv_layout,
                 },
@@ -240,6 +246,8 @@ fn take(
                     plan.cols,
                     rows,
                     options.centered,
+                    sketch,
+                    seed,
                 ),
             );
             if let Err(error) = submitted {

@@ -33,7 +33,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
 use rankscope_agent::sampling::worker::JobInput;
-use rankscope_agent::sampling::{HealthSums, HostSample, Reduced, SampleData};
+use rankscope_agent::sampling::{
+    HealthSums, HostSample, KrylovSummary, Reduced, SKETCH_BLOCK, SKETCH_PROBES, SKETCH_SCHEDULE,
+    SampleData, Sketched,
+};
 use rankscope_agent::{Agent, DeviceBytes, DeviceMemory, Mode, Optimizer, Parameter};
 
 mod dlpack;
@@ -258,6 +261,56 @@ impl NativeAgent {
                 },
                 gram,
                 side,
+            }),
+        };
+        self.agent.hand_over(pending, Ok(JobInput::Ready(sample)));
+    }
+
+    /// Hands over a sample the device side reduced for the sketch (its event has
+    /// completed): the health sums, Σλ, and its Krylov process packed into one
+    /// contiguous float64 host tensor (`None` when an element is not finite); the
+    /// packed order is `KrylovSummary::from_packed`'s.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (token, finite, nonfinite, sum, sum_sq, zeros, trace, packed))]
+    fn hand_over_sketched(
+        &self,
+        token: &Bound<'_, NativePending>,
+        finite: u64,
+        nonfinite: u64,
+        sum: f64,
+        sum_sq: f64,
+        zeros: u64,
+        trace: f64,
+        packed: Option<&Bound<'_, PyAny>>,
+    ) {
+        let token = token.get();
+        let Some(pending) = token.pending.lock().ok().and_then(|mut p| p.take()) else {
+            return;
+        };
+        let side = token.rows.min(token.cols);
+        let summary = match packed.map(|p| dlpack::read_f64(p, KrylovSummary::packed_len())) {
+            Some(Ok(values)) => KrylovSummary::from_packed(side, &values),
+            Some(Err(why)) => {
+                self.agent.hand_over(pending, Err(why));
+                return;
+            }
+            None => None,
+        };
+        let sample = HostSample {
+            rows: token.rows,
+            cols: token.cols,
+            conv_layout: token.conv_layout,
+            seed: pending.seed,
+            data: SampleData::Sketched(Sketched {
+                health: HealthSums {
+                    finite,
+                    nonfinite,
+                    sum,
+                    sum_sq,
+                    zeros,
+                },
+                trace,
+                summary,
             }),
         };
         self.agent.hand_over(pending, Ok(JobInput::Ready(sample)));
@@ -579,6 +632,11 @@ fn init_logging() {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("ConfigError", py.get_type::<ConfigError>())?;
+    // The sketch's shape, for the device side's Krylov process (rankscope._device).
+    m.add("SKETCH_BLOCK", SKETCH_BLOCK)?;
+    m.add("SKETCH_PROBES", SKETCH_PROBES)?;
+    m.add("SKETCH_SCHEDULE", SKETCH_SCHEDULE.to_vec())?;
+    m.add("SKETCH_PACKED_LEN", KrylovSummary::packed_len())?;
     m.add_class::<NativeAgent>()?;
     m.add_class::<NativeStep>()?;
     m.add_class::<NativePhase>()?;

@@ -454,6 +454,28 @@ class _FakeNative:
     def add_overhead_since(self, since: int, sampling: bool = False) -> None:
         pass
 
+    def hand_over_sketched(self, token, finite, nonfinite, total, total_sq, zeros, trace, packed) -> None:
+        self.handed.append((token, finite, packed.shape if packed is not None else None))
+
+
+def test_a_reduction_that_fails_hands_its_samples_over_as_failed(monkeypatch):
+    """An exception in the device side's reduction (out of memory, say) reaches neither
+    the training loop nor the other samples: the batch's samples are handed over as
+    failed, with the first line of the error, and their bytes leave the pool."""
+    from rankscope import _device
+
+    def broken(batch, centered):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    native = _FakeNative()
+    side = _device.DeviceSide(native, _device.DEFAULT_POOL_BYTES)
+    monkeypatch.setattr(_device, "reduce", broken)
+    for token in ("a", "b"):
+        side.submit(torch.randn(30, 8), token, (0, 1), 30, 8, None, False)
+    side.poll()
+    assert native.handed == [(t, "the device side failed: CUDA out of memory. Tried to allocate 2.00 GiB") for t in "ab"]
+    assert side._pending_bytes == 0 and not side._pending
+
 
 def test_the_device_side_waits_for_the_step_end_up_to_its_held_bytes(monkeypatch):
     """A step's row copies wait for poll() (the step's end) and are reduced by batch;
@@ -531,3 +553,85 @@ def test_the_device_sides_reduction_gives_the_host_paths_metrics(tmp_path):
                 if i < 5:
                     worst = max(worst, abs(float(x) - float(y)) / abs(float(x)))
     print(f"\nfloat32 device Gram against the float64 host path: largest relative difference {worst:.2e}")
+
+
+def test_the_device_runs_the_sketch_within_its_bounds(tmp_path):
+    """Where the sketch measures a sample, the device side runs its Krylov process
+    (rankscope._device.krylov, here without a stream) and hands over a summary, not the
+    Gram matrix: every column it stores is within the bound docs/metrics.md states of
+    the exact float64 value, with its error estimate, wide and tall, centred and not,
+    two alike in one batch, bfloat16 included; a non-finite sample has no spectrum."""
+    from rankscope import _device
+
+    g = torch.Generator().manual_seed(8)
+
+    def power(n: int, d: int, alpha: float) -> torch.Tensor:
+        return torch.randn(n, d, generator=g) * torch.arange(1, d + 1).float() ** -alpha
+
+    inputs = {
+        "tall": power(900, 560, 0.5),
+        "tall_b": power(900, 560, 1.0),
+        "wide": power(600, 800, 0.3).T.contiguous(),
+        "bf16": power(700, 540, 0.6).bfloat16(),
+        "bad": power(600, 520, 0.5),
+    }
+    inputs["bad"][5, 5] = float("nan")
+    bounds = {
+        "stable_rank": 0.02,
+        "participation_ratio": 0.02,
+        "effective_rank": 0.05,
+        "participation_ratio_sv": 0.10,
+        "nuclear_norm_ratio": 0.05,
+        "cum_energy_90": 0.15,
+    }
+    names = tuple(bounds)
+    cols = ", ".join(names + tuple(f"{n}_err" for n in names) + ("method", "nonfinite"))
+    results = {}
+    for path, spectrum, centered in (
+        ("exact", "exact", False),
+        ("device", "sketch", False),
+        ("exact_c", "exact", True),
+        ("device_c", "sketch", True),
+    ):
+        collector = Collector(tmp_path / path)
+        os.environ["RANKSCOPE_CENTER"] = "1" if centered else "0"
+        os.environ["RANKSCOPE_SPECTRUM"] = spectrum
+        try:
+            agent = rankscope.init(collector=collector.addr, run_id="same", max_rows=1024, sample_every=1)
+            if path.startswith("device"):
+                side = _device.DeviceSide(agent._native, _device.DEFAULT_POOL_BYTES)
+                agent._native._set_device_side(side)
+                agent._native._host_to_device_side(True)
+                agent._device = side
+            with agent.step(0):
+                for name, x in inputs.items():
+                    agent.observe(name, x)
+            if agent._device is not None:
+                agent._device.poll()
+            assert agent.finish().complete
+        finally:
+            del os.environ["RANKSCOPE_CENTER"], os.environ["RANKSCOPE_SPECTRUM"]
+        assert collector.stop() == 0
+        for line in duckdb(f"select layer, {cols} from {table(collector.out, 'layers')}").splitlines():
+            layer, *values = line.split(",")
+            results[(path, layer)] = values
+    n = len(names)
+    stored = 0
+    for exact, device in (("exact", "device"), ("exact_c", "device_c")):
+        for layer in inputs:
+            truth, got = results[(exact, layer)], results[(device, layer)]
+            if layer == "bad":
+                assert got[-1] == "1" and all(v in ("", "NULL") for v in got[:n]), got
+                continue
+            assert got[-2] == "sketch", (layer, got)
+            for i, name in enumerate(names):
+                value, estimate = got[i], got[n + i]
+                assert estimate not in ("", "NULL"), (layer, name, got)
+                if value in ("", "NULL"):
+                    assert float(estimate) > bounds[name], (layer, name, got)
+                    continue
+                stored += 1
+                error = abs(float(value) - float(truth[i])) / abs(float(truth[i]))
+                assert error <= bounds[name], (device, layer, name, value, truth[i])
+    # The two columns the sketch is built around are stored for every sample.
+    assert stored >= 2 * 4 * 2, stored

@@ -34,6 +34,7 @@ use half::{bf16, f16};
 
 use super::options::ConvLayout;
 use super::prepare::choose_rows;
+use super::sketch::KrylovSummary;
 
 /// The element types an activation may have on the host. Anything else (integers,
 /// booleans, complex, quantized) cannot be measured.
@@ -396,11 +397,23 @@ impl fmt::Debug for Reduced {
     }
 }
 
-/// What a sample holds: the matrix itself, or a device's reduction of it.
+/// A sample a device reduced for the sketch ([`crate::sampling::sketch`]): its health
+/// sums, Σλ (the trace of its Gram matrix, centred when centring is on) and the Krylov
+/// process it ran, or none when some element is not finite (no spectrum then).
+#[derive(Debug)]
+pub struct Sketched {
+    pub health: HealthSums,
+    pub trace: f64,
+    pub summary: Option<KrylovSummary>,
+}
+
+/// What a sample holds: the matrix itself, or a device's reduction of it (its Gram
+/// matrix, or the sketch's Krylov process).
 #[derive(Debug)]
 pub enum SampleData {
     Matrix(Vec<f32>),
     Reduced(Reduced),
+    Sketched(Sketched),
 }
 
 /// A sample as the metrics thread measures it.
@@ -432,7 +445,7 @@ impl HostSample {
     pub fn into_buffer(self) -> Option<Vec<f32>> {
         match self.data {
             SampleData::Matrix(values) => Some(values),
-            SampleData::Reduced(_) => None,
+            SampleData::Reduced(_) | SampleData::Sketched(_) => None,
         }
     }
 }

@@ -8,7 +8,10 @@
 //! columns, [`Method::Sketch`] ([`super::sketch`]: randomized block Krylov estimates, each
 //! with its own error estimate), or [`Method::Fallback`] where the sketch cannot vouch for
 //! a value within the bound `docs/metrics.md` states. A sample a device reduced brings its
-//! Gram matrix, which both methods use as it is.
+//! Gram matrix, which both methods use as it is, or, where the sketch measures it, the
+//! Krylov process the device ran ([`super::sketch::KrylovSummary`]): the sketch's
+//! analysis then runs on that, and a column it cannot vouch for is null (there is no
+//! matrix to fall back to).
 //! [`LayerMetrics::into_layer_row`] is the one place the metrics become a `layers` row.
 
 use faer::MatRef;
@@ -19,7 +22,7 @@ use super::gram::GramOperator;
 use super::health::{Health, sums};
 use super::host::{HostActivation, HostSample, SampleData, read_sample};
 use super::options::{MatrixOptions, Method, SketchPolicy, SpectrumOptions, Unvouched};
-use super::sketch::sketch_spectral;
+use super::sketch::{sketch_spectral, sketch_summarized};
 use super::spectral::{Spectral, SpectralErrors};
 
 /// Everything one layers row needs besides identity and timing.
@@ -116,6 +119,27 @@ pub fn measure_with(
                 _ => None,
             };
             (Health::from_sums(&reduced.health), spectral)
+        }
+        SampleData::Sketched(sketched) => {
+            let spectral = match &sketched.summary {
+                Some(summary) if summary.side != n.min(d) => {
+                    tracing::warn!(
+                        side = summary.side,
+                        n,
+                        d,
+                        "a sketched sample's Krylov summary does not match its shape"
+                    );
+                    None
+                }
+                Some(summary) if sketched.health.nonfinite == 0 => {
+                    // The device ran the sketch: no Gram matrix here to fall back to, so a
+                    // column the sketch cannot vouch for is null.
+                    let sketch = sketch_summarized(summary, sketched.trace, policy.goal);
+                    Some((Method::Sketch, sketch.spectral, sketch.errors))
+                }
+                _ => None,
+            };
+            (Health::from_sums(&sketched.health), spectral)
         }
     };
     out.mean = health.mean;

@@ -6,8 +6,9 @@
 //! - [`options`]: how an activation becomes a matrix, and which spectrum method;
 //! - [`prepare`]: the seed of a sample and the rows it draws;
 //! - [`host`]: what an adapter hands over (an activation in host memory, read into a
-//!   sample here on the training thread, or a device's reduction of it) and the
-//!   activation → matrix table;
+//!   sample here on the training thread, or a device's reduction of it: its Gram
+//!   matrix, or the sketch's [`sketch::KrylovSummary`]) and the activation → matrix
+//!   table;
 //! - [`buffers`]: the reused buffers samples are read into;
 //! - [`measure`]: a sample → its `layers` metrics, on the metrics thread, using
 //!   - `health`: `mean`, `std`, `zero_fraction`, `nonfinite`;
@@ -43,12 +44,15 @@ mod tests;
 
 pub use host::{
     ElementType, F32Buffer, HealthSums, HostActivation, HostSample, MatrixPlan, Reduced,
-    SampleData, SampleError, SampleMatrix, read_sample,
+    SampleData, SampleError, SampleMatrix, Sketched, read_sample,
 };
 pub use measure::{LayerMetrics, compute, measure, measure_with};
 pub use options::{
     ConvLayout, MatrixOptions, Method, SketchPolicy, SpectrumMode, SpectrumOptions, Unvouched,
 };
 pub use prepare::{choose_rows, sample_seed};
-pub use sketch::{SKETCH_BOUNDS, SKETCH_MIN_SIDE, SketchGoal};
+pub use sketch::{
+    KrylovSummary, SKETCH_BLOCK, SKETCH_BOUNDS, SKETCH_MIN_SIDE, SKETCH_PROBES, SKETCH_SCHEDULE,
+    SketchGoal,
+};
 pub use spectral::{Spectral, SpectralErrors, spectral};

@@ -206,6 +206,54 @@ pub struct KrylovSummary {
     pub depths: Vec<Depth>,
 }
 
+impl KrylovSummary {
+    /// The float64 values of a packed summary of r = `side`: what an adapter's device
+    /// writes into one host buffer, in this order (row-major):
+    /// - T (K × K, K = ([`SKETCH_SCHEDULE`]'s last + 1)·[`SKETCH_BLOCK`]), then (GK)ᵀ(GK)
+    ///   (K × K);
+    /// - per depth of [`SKETCH_SCHEDULE`], in order: RᵀR (b × b), the round-off (1), the
+    ///   probes' ‖G·(I − P)·z‖² (m), their zᵀ(I − P)·G·(I − P)z (m).
+    pub const fn packed_len() -> usize {
+        let k = (SKETCH_SCHEDULE[SKETCH_SCHEDULE.len() - 1] + 1) * SKETCH_BLOCK;
+        2 * k * k + SKETCH_SCHEDULE.len() * (SKETCH_BLOCK * SKETCH_BLOCK + 1 + 2 * SKETCH_PROBES)
+    }
+
+    /// The summary in `values` ([`KrylovSummary::packed_len`] of them, in its order);
+    /// `None` for another length.
+    pub fn from_packed(side: usize, values: &[f64]) -> Option<KrylovSummary> {
+        if values.len() != Self::packed_len() {
+            return None;
+        }
+        let k = (SKETCH_SCHEDULE[SKETCH_SCHEDULE.len() - 1] + 1) * SKETCH_BLOCK;
+        let (b, m) = (SKETCH_BLOCK, SKETCH_PROBES);
+        let mut rest = values;
+        let mut take = |n: usize| {
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            head
+        };
+        let square = |v: &[f64], n: usize| Mat::from_fn(n, n, |i, j| v[i * n + j]);
+        let projected = square(take(k * k), k);
+        let squares = square(take(k * k), k);
+        let depths = SKETCH_SCHEDULE
+            .iter()
+            .map(|&steps| Depth {
+                steps,
+                residual_gram: square(take(b * b), b),
+                off: take(1)[0],
+                probe_outside: take(m).to_vec(),
+                probe_control: take(m).to_vec(),
+            })
+            .collect();
+        Some(KrylovSummary {
+            side,
+            projected,
+            squares,
+            depths,
+        })
+    }
+}
+
 /// [`sketch_spectral`] from a Krylov process an adapter ran on its device: the same
 /// analysis, depth by depth along the schedule, stopping at the first that vouches for
 /// the goal's columns. A summary of the wrong shape or with a value that is not finite
