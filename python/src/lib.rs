@@ -289,7 +289,7 @@ impl NativeAgent {
         };
         let side = token.rows.min(token.cols);
         let summary = match packed.map(|p| dlpack::read_f64(p, KrylovSummary::packed_len())) {
-            Some(Ok(values)) => KrylovSummary::from_packed(side, &values),
+            Some(Ok(values)) => KrylovSummary::from_packed(side, &values).map(Box::new),
             Some(Err(why)) => {
                 self.agent.hand_over(pending, Err(why));
                 return;

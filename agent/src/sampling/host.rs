@@ -404,7 +404,7 @@ impl fmt::Debug for Reduced {
 pub struct Sketched {
     pub health: HealthSums,
     pub trace: f64,
-    pub summary: Option<KrylovSummary>,
+    pub summary: Option<Box<KrylovSummary>>,
 }
 
 /// What a sample holds: the matrix itself, or a device's reduction of it (its Gram
