@@ -24,10 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_api import Collector, duckdb, table  # noqa: E402
+from test_api import Collector, duckdb, table, through_device_side  # noqa: E402
 
 import rankscope  # noqa: E402
-from rankscope import _device  # noqa: E402
 
 
 def run(out: Path, spectrum: str, summary: bool, inputs: dict, repeat: int, rows: int) -> dict:
@@ -36,14 +35,11 @@ def run(out: Path, spectrum: str, summary: bool, inputs: dict, repeat: int, rows
     collector = Collector(out)
     os.environ["RANKSCOPE_SPECTRUM"] = spectrum
     agent = rankscope.init(collector=collector.addr, run_id="bench", max_rows=rows, sample_every=1)
-    side = _device.DeviceSide(agent._native, _device.DEFAULT_POOL_BYTES)
+    side = through_device_side(agent)
     if not summary:
         # The Gram matrix handed over, as before the device ran the Krylov process.
         submit = side.submit
         side.submit = lambda *args, **kwargs: submit(*args[:7])
-    agent._native._set_device_side(side)
-    agent._native._host_to_device_side(True)
-    agent._device = side
     for step in range(repeat):
         with agent.step(step):
             for name, x in inputs.items():

@@ -60,6 +60,8 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import _native
+
 POOL_BYTES_VARIABLE = "RANKSCOPE_PINNED_POOL_BYTES"
 DEFAULT_POOL_BYTES = 1 << 30
 # The most float32 bytes of samples one reduction stacks (a chunk holds at least one):
@@ -148,12 +150,6 @@ class DeviceSide:
         self._pending: Deque[_Pending] = deque()
         self._pending_bytes = 0
 
-    def _native_constants(self) -> Tuple[int, int, Tuple[int, ...], int]:
-        """The sketch's block, probes, schedule and packed length, from the extension."""
-        from . import _native
-
-        return (_native.SKETCH_BLOCK, _native.SKETCH_PROBES, tuple(_native.SKETCH_SCHEDULE), _native.SKETCH_PACKED_LEN)
-
     def _stream(self, device: torch.device) -> Any:
         index = device.index if device.index is not None else torch.cuda.current_device()
         stream = self._streams.get(index)
@@ -183,7 +179,7 @@ class DeviceSide:
         drawing its random vectors from ``seed``."""
         kept = len(chosen) // 8 if chosen is not None else rows
         side = min(kept, cols)
-        nbytes = (self._native_constants()[3] * 8 if sketch else side * side * 4) + 48
+        nbytes = (_native.SKETCH_PACKED_LEN * 8 if sketch else side * side * 4) + 48
         if self._pending_bytes + self._native.pinned_bytes_held() + nbytes > self._pool_bytes:
             self._native.hand_over_failed(
                 token,
@@ -242,7 +238,7 @@ class DeviceSide:
             health, gram = reduce(torch.stack([t.matrix for t in items]), centered)
             trace = None
             if sketch:
-                trace, gram = krylov(gram, items[0].seed, *self._native_constants())
+                trace, gram = krylov(gram, items[0].seed)
             else:
                 gram = gram.float().contiguous()
             spent = perf_counter_ns() - reducing
@@ -258,7 +254,7 @@ class DeviceSide:
             health, gram = reduce(batch, centered)
             host_trace = None
             if sketch:
-                trace, gram = krylov(gram, items[0].seed, *self._native_constants())
+                trace, gram = krylov(gram, items[0].seed)
                 host_trace = torch.empty(trace.shape, dtype=torch.float64, pin_memory=True)
                 host_trace.copy_(trace, non_blocking=True)
             else:
@@ -363,19 +359,18 @@ def reduce(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Ten
     return health, gram
 
 
-def krylov(
-    gram: torch.Tensor, seed: int, block: int, probes: int, schedule: Sequence[int], packed_len: int
-) -> Tuple[torch.Tensor, torch.Tensor]:
+def krylov(gram: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """The sketch's Krylov process for k Gram matrices alike (k × r × r), on their
     device: what the extension's ``KrylovSummary`` needs (``agent/src/sampling/
     sketch.rs`` analyses it; ``docs/metrics.md``, "Sketch mode", states the method).
-    Returns each one's Σλ (k, float64) and its packed summary (k × ``packed_len``,
-    float64, in ``KrylovSummary::from_packed``'s order).
+    Returns each one's Σλ (k, float64) and its packed summary (k ×
+    ``SKETCH_PACKED_LEN``, float64, in ``KrylovSummary::from_packed``'s order).
 
     The same process as the host's sketch, in G / Σλ: products with G in float32 (in
     float64 where the user allowed TF32), everything else in float64; a block Krylov
-    space from ``block`` orthonormalized Gaussian vectors and ``probes`` Rademacher
-    probes, drawn from ``seed`` by torch's generator on the device. It runs to the
+    space from ``SKETCH_BLOCK`` orthonormalized Gaussian vectors and ``SKETCH_PROBES``
+    Rademacher probes (the extension's constants), drawn from ``seed`` by torch's
+    generator on the device. It runs to the
     schedule's last depth, since the device does not stop to ask; the host reads the
     depths in order and stops at the first that vouches. Every new block is projected
     out of the space twice and orthonormalized by Cholesky QR twice (no branch on the
@@ -384,7 +379,8 @@ def krylov(
     """
     k, r, _ = gram.shape
     device = gram.device
-    b, m, deepest = block, probes, max(schedule)
+    b, m, schedule = _native.SKETCH_BLOCK, _native.SKETCH_PROBES, _native.SKETCH_SCHEDULE
+    deepest = max(schedule)
     f64 = torch.float64
     trace = gram.diagonal(dim1=1, dim2=2).to(f64).sum(dim=1)
     tf32 = gram.is_cuda and torch.get_float32_matmul_precision() != "highest"
@@ -417,7 +413,7 @@ def krylov(
     gz, product = first[:, :, b:], first[:, :, :b]
     basis, products = q, product
     residual = project_out(product, basis)
-    depths = []
+    residuals = {}
     for step in range(1, deepest + 1):
         nxt = orthonormal(project_out(orthonormal(residual), basis))
         product = times(nxt)
@@ -425,10 +421,12 @@ def krylov(
         products = torch.cat([products, product], dim=2)
         residual = project_out(product, basis)
         if step in schedule:
-            depths.append(_depth(basis, products, residual, z, gz, b))
+            residuals[step] = residual
     projected = basis.transpose(1, 2) @ products
     projected = 0.5 * (projected + projected.transpose(1, 2))
     squares = products.transpose(1, 2) @ products
+    # A smaller depth's T, K and G·K are the leading blocks of the deepest's.
+    depths = [_depth(projected, basis, products, residuals[q], z, gz, (q + 1) * b) for q in schedule]
     # Orthonormality of the space, checked once: past 1e-8 the analysis would not hold.
     size = basis.shape[2]
     defect = torch.linalg.matrix_norm(basis.transpose(1, 2) @ basis - torch.eye(size, dtype=f64, device=device))
@@ -438,18 +436,28 @@ def krylov(
         off = torch.where(lost, torch.full_like(off, float("nan")), off)
         parts += [residual_gram.reshape(k, -1), off[:, None], outside, control]
     packed = torch.cat(parts, dim=1).contiguous()
-    if packed.shape[1] != packed_len:
-        raise ValueError(f"the packed sketch summary has {packed.shape[1]} values, not {packed_len}")
+    if packed.shape[1] != _native.SKETCH_PACKED_LEN:
+        raise ValueError(
+            f"the packed sketch summary has {packed.shape[1]} values, not {_native.SKETCH_PACKED_LEN}"
+        )
     return trace, packed
 
 
 def _depth(
-    basis: torch.Tensor, products: torch.Tensor, residual: torch.Tensor, z: torch.Tensor, gz: torch.Tensor, b: int
+    projected: torch.Tensor,
+    basis: torch.Tensor,
+    products: torch.Tensor,
+    residual: torch.Tensor,
+    z: torch.Tensor,
+    gz: torch.Tensor,
+    size: int,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One checked depth's RᵀR, the Krylov relation's round-off ‖GK − KT − R·E_qᵀ‖_F, and
-    per probe ‖G(I − P)z‖² and zᵀ(I − P)G(I − P)z (the extension's ``Depth``)."""
-    projected = basis.transpose(1, 2) @ products
-    projected = 0.5 * (projected + projected.transpose(1, 2))
+    """One checked depth (its space the first ``size`` columns of the deepest) and its
+    last block's residual: RᵀR, the Krylov relation's round-off ‖GK − KT − R·E_qᵀ‖_F,
+    and per probe ‖G(I − P)z‖² and zᵀ(I − P)G(I − P)z (the extension's ``Depth``)."""
+    b = residual.shape[2]
+    projected = projected[:, :size, :size]
+    basis, products = basis[:, :, :size], products[:, :, :size]
     off_blocks = products - basis @ projected
     off_blocks[:, :, -b:] -= residual
     coefficients = basis.transpose(1, 2) @ z

@@ -91,6 +91,32 @@ impl DeviceMemory for PythonDeviceMemory {
     }
 }
 
+impl NativeAgent {
+    /// Hands over the device side's reduction of `token`'s sample (once; a token handed
+    /// over already is left alone): `data` makes what it holds from the order of its
+    /// Gram matrix (the smaller side), or says why it cannot (then it counts as dropped).
+    fn hand_over_device(
+        &self,
+        token: &Bound<'_, NativePending>,
+        data: impl FnOnce(usize) -> Result<SampleData, String>,
+    ) {
+        let token = token.get();
+        let Some(pending) = token.pending.lock().ok().and_then(|mut p| p.take()) else {
+            return;
+        };
+        let sample = data(token.rows.min(token.cols)).map(|data| {
+            JobInput::Ready(HostSample {
+                rows: token.rows,
+                cols: token.cols,
+                conv_layout: token.conv_layout,
+                seed: pending.seed,
+                data,
+            })
+        });
+        self.agent.hand_over(pending, sample);
+    }
+}
+
 #[pymethods]
 impl NativeAgent {
     /// Whether this rank records anything.
@@ -231,39 +257,25 @@ impl NativeAgent {
         zeros: u64,
         gram: Option<&Bound<'_, PyAny>>,
     ) {
-        let token = token.get();
-        let Some(pending) = token.pending.lock().ok().and_then(|mut p| p.take()) else {
-            return;
+        let health = HealthSums {
+            finite,
+            nonfinite,
+            sum,
+            sum_sq,
+            zeros,
         };
-        let side = token.rows.min(token.cols);
-        let gram = match gram {
-            Some(g) => match dlpack::PinnedGram::new(g, side, self.pinned_held.clone()) {
-                Ok(g) => Some(Box::new(g) as Box<dyn rankscope_agent::sampling::F32Buffer>),
-                Err(why) => {
-                    self.agent.hand_over(pending, Err(why));
-                    return;
+        self.hand_over_device(token, |side| {
+            let gram = match gram {
+                Some(g) => {
+                    Some(
+                        Box::new(dlpack::PinnedGram::new(g, side, self.pinned_held.clone())?)
+                            as Box<dyn rankscope_agent::sampling::F32Buffer>,
+                    )
                 }
-            },
-            None => None,
-        };
-        let sample = HostSample {
-            rows: token.rows,
-            cols: token.cols,
-            conv_layout: token.conv_layout,
-            seed: pending.seed,
-            data: SampleData::Reduced(Reduced {
-                health: HealthSums {
-                    finite,
-                    nonfinite,
-                    sum,
-                    sum_sq,
-                    zeros,
-                },
-                gram,
-                side,
-            }),
-        };
-        self.agent.hand_over(pending, Ok(JobInput::Ready(sample)));
+                None => None,
+            };
+            Ok(SampleData::Reduced(Reduced { health, gram, side }))
+        });
     }
 
     /// Hands over a sample the device side reduced for the sketch (its event has
@@ -283,37 +295,27 @@ impl NativeAgent {
         trace: f64,
         packed: Option<&Bound<'_, PyAny>>,
     ) {
-        let token = token.get();
-        let Some(pending) = token.pending.lock().ok().and_then(|mut p| p.take()) else {
-            return;
+        let health = HealthSums {
+            finite,
+            nonfinite,
+            sum,
+            sum_sq,
+            zeros,
         };
-        let side = token.rows.min(token.cols);
-        let summary = match packed.map(|p| dlpack::read_f64(p, KrylovSummary::packed_len())) {
-            Some(Ok(values)) => KrylovSummary::from_packed(side, &values).map(Box::new),
-            Some(Err(why)) => {
-                self.agent.hand_over(pending, Err(why));
-                return;
-            }
-            None => None,
-        };
-        let sample = HostSample {
-            rows: token.rows,
-            cols: token.cols,
-            conv_layout: token.conv_layout,
-            seed: pending.seed,
-            data: SampleData::Sketched(Sketched {
-                health: HealthSums {
-                    finite,
-                    nonfinite,
-                    sum,
-                    sum_sq,
-                    zeros,
-                },
+        self.hand_over_device(token, |side| {
+            let summary = match packed {
+                Some(p) => {
+                    let values = dlpack::read_f64(p, KrylovSummary::packed_len())?;
+                    KrylovSummary::from_packed(side, &values).map(Box::new)
+                }
+                None => None,
+            };
+            Ok(SampleData::Sketched(Sketched {
+                health,
                 trace,
                 summary,
-            }),
-        };
-        self.agent.hand_over(pending, Ok(JobInput::Ready(sample)));
+            }))
+        });
     }
 
     /// Hands over a sample the device side could not reduce (or skipped: its

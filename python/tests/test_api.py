@@ -58,6 +58,19 @@ def collector(tmp_path):
         c.proc.kill()
 
 
+def through_device_side(agent):
+    """Sends the agent's host tensors to a device side of its own, which reduces them
+    without a stream as it would a GPU's (the extension's tests of the GPU path);
+    returns that device side, which ``agent._device`` polls at each step's end."""
+    from rankscope import _device
+
+    side = _device.DeviceSide(agent._native, _device.DEFAULT_POOL_BYTES)
+    agent._native._set_device_side(side)
+    agent._native._host_to_device_side(True)
+    agent._device = side
+    return side
+
+
 def duckdb(sql: str) -> str:
     return subprocess.run(
         [DUCKDB, "-csv", "-noheader", "-c", sql], check=True, capture_output=True, text=True
@@ -496,14 +509,26 @@ def test_the_device_side_waits_for_the_step_end_up_to_its_held_bytes(monkeypatch
         assert native.device_samples == 3 and not side._taken and not side._pending
 
 
+def observe_once(collector: "Collector", inputs: dict, device: bool, max_rows: int) -> None:
+    """One step of run "same" that observes every input, through the device side or
+    the host path, sent to `collector` (the paths draw the same rows)."""
+    agent = rankscope.init(collector=collector.addr, run_id="same", max_rows=max_rows, sample_every=1)
+    if device:
+        through_device_side(agent)
+    with agent.step(0):
+        for name, x in inputs.items():
+            agent.observe(name, x)
+    if agent._device is not None:
+        agent._device.poll()
+    assert agent.finish().complete
+
+
 def test_the_device_sides_reduction_gives_the_host_paths_metrics(tmp_path):
     """The GPU path's reduction (rankscope._device: row sample, float32 health sums and
     Gram matrix, handed over as a pinned buffer through DLPack; samples alike in shape
     reduced in one batch), run here without a stream, against the host path (the float64 Gram on the metrics thread) for the same
     activations, wide and tall, centred and not, with more rows than the cap. The same
     run id draws the same rows on both paths; each path has its own collector."""
-    from rankscope import _device
-
     g = torch.Generator().manual_seed(3)
     inputs = {
         "tall": torch.randn(700, 48, generator=g) * torch.linspace(3, 0.1, 48),
@@ -521,18 +546,7 @@ def test_the_device_sides_reduction_gives_the_host_paths_metrics(tmp_path):
     for path, centered in (("host", False), ("device", False), ("host_c", True), ("device_c", True)):
         collector = Collector(tmp_path / path)
         os.environ["RANKSCOPE_CENTER"] = "1" if centered else "0"
-        agent = rankscope.init(collector=collector.addr, run_id="same", max_rows=512, sample_every=1)
-        if path.startswith("device"):
-            side = _device.DeviceSide(agent._native, _device.DEFAULT_POOL_BYTES)
-            agent._native._set_device_side(side)
-            agent._native._host_to_device_side(True)
-            agent._device = side
-        with agent.step(0):
-            for name, x in inputs.items():
-                agent.observe(name, x)
-        if agent._device is not None:
-            agent._device.poll()
-        assert agent.finish().complete
+        observe_once(collector, inputs, path.startswith("device"), max_rows=512)
         del os.environ["RANKSCOPE_CENTER"]
         assert collector.stop() == 0
         for line in duckdb(f"select layer, {cols} from {table(collector.out, 'layers')}").splitlines():
@@ -561,8 +575,6 @@ def test_the_device_runs_the_sketch_within_its_bounds(tmp_path):
     Gram matrix: every column it stores is within the bound docs/metrics.md states of
     the exact float64 value, with its error estimate, wide and tall, centred and not,
     two alike in one batch, bfloat16 included; a non-finite sample has no spectrum."""
-    from rankscope import _device
-
     g = torch.Generator().manual_seed(8)
 
     def power(n: int, d: int, alpha: float) -> torch.Tensor:
@@ -597,18 +609,7 @@ def test_the_device_runs_the_sketch_within_its_bounds(tmp_path):
         os.environ["RANKSCOPE_CENTER"] = "1" if centered else "0"
         os.environ["RANKSCOPE_SPECTRUM"] = spectrum
         try:
-            agent = rankscope.init(collector=collector.addr, run_id="same", max_rows=1024, sample_every=1)
-            if path.startswith("device"):
-                side = _device.DeviceSide(agent._native, _device.DEFAULT_POOL_BYTES)
-                agent._native._set_device_side(side)
-                agent._native._host_to_device_side(True)
-                agent._device = side
-            with agent.step(0):
-                for name, x in inputs.items():
-                    agent.observe(name, x)
-            if agent._device is not None:
-                agent._device.poll()
-            assert agent.finish().complete
+            observe_once(collector, inputs, path.startswith("device"), max_rows=1024)
         finally:
             del os.environ["RANKSCOPE_CENTER"], os.environ["RANKSCOPE_SPECTRUM"]
         assert collector.stop() == 0

@@ -15,8 +15,7 @@ import time
 import torch
 
 import rankscope
-from rankscope import _device
-from test_api import Net, clean_env, collector, duckdb, table  # noqa: F401 (fixtures)
+from test_api import Net, clean_env, collector, duckdb, table, through_device_side  # noqa: F401 (fixtures)
 
 DELAY_MS = 20.0
 STEP_S = 0.005
@@ -106,10 +105,7 @@ def test_the_budget_skips_samples_for_the_observed_slowdown_and_says_why(collect
 
 def test_the_device_sides_time_lands_in_overhead_device_ms(collector):
     agent = rankscope.init(collector=collector.addr, run_id="device", sample_every=2, overhead_budget="100%")
-    side = _device.DeviceSide(agent._native, _device.DEFAULT_POOL_BYTES)
-    agent._native._set_device_side(side)
-    agent._native._host_to_device_side(True)
-    agent._device = side
+    side = through_device_side(agent)
     x = torch.randn(256, 64)
     for step in range(40):
         with agent.step(step):

@@ -132,26 +132,17 @@ pub struct Sketch {
 /// measures exactly; a zero `trace` gives the zero spectrum.
 pub fn sketch_spectral(op: &GramOperator<'_>, trace: f64, seed: u64, goal: SketchGoal) -> Sketch {
     if trace == 0.0 {
-        return Sketch {
-            spectral: Spectral::zero(),
-            errors: SpectralErrors::default(),
-            vouched: true,
-            steps: 0,
-        };
+        return zero();
     }
-    // The deepest space and the block after it must fit in r dimensions.
-    let deepest = SKETCH_BLOCK * (SKETCH_SCHEDULE[SKETCH_SCHEDULE.len() - 1] + 2);
-    if !op.is_valid() || op.side() < deepest || !(trace.is_finite() && trace > 0.0) {
+    if !op.is_valid() || op.side() < DEEPEST_SIDE || !(trace.is_finite() && trace > 0.0) {
         return unmeasured(0);
     }
     let Some(mut krylov) = Krylov::start(op, trace, seed) else {
         return unmeasured(0);
     };
-    let mut known = None;
-    let mut stage = None;
-    for steps in SKETCH_SCHEDULE {
-        if !krylov.extend(steps) {
-            return unmeasured(krylov.steps);
+    along_schedule(SKETCH_SCHEDULE.len(), |i, known| {
+        if !krylov.extend(SKETCH_SCHEDULE[i]) {
+            return Err(krylov.steps);
         }
         let depth = krylov.depth();
         let view = View {
@@ -160,15 +151,49 @@ pub fn sketch_spectral(op: &GramOperator<'_>, trace: f64, seed: u64, goal: Sketc
             squares: krylov.squares.as_ref(),
             depth: &depth,
         };
-        let found = analyse(&view, goal, known);
+        Ok(analyse(&view, goal, known))
+    })
+}
+
+/// The deepest space's size, K = (q + 1)·b at the schedule's last depth.
+const DEEPEST_SPACE: usize = (SKETCH_SCHEDULE[SKETCH_SCHEDULE.len() - 1] + 1) * SKETCH_BLOCK;
+/// The smallest r the sketch measures: the deepest space and the block after it must fit
+/// in r dimensions.
+const DEEPEST_SIDE: usize = DEEPEST_SPACE + SKETCH_BLOCK;
+
+/// The zero spectrum (Σλ = 0), vouched for.
+fn zero() -> Sketch {
+    Sketch {
+        spectral: Spectral::zero(),
+        errors: SpectralErrors::default(),
+        vouched: true,
+        steps: 0,
+    }
+}
+
+/// The analysis depth by depth (`stage(i, known)` for the i-th of `depths`, with the λ₁
+/// estimate and bound of a smaller depth that vouched for `stable_rank`), stopping at
+/// the first that vouches for the goal's columns; `Err(steps)`: no spectrum, measured to
+/// `steps`.
+fn along_schedule(
+    depths: usize,
+    mut stage: impl FnMut(usize, Option<Known>) -> Result<Stage, usize>,
+) -> Sketch {
+    let mut known = None;
+    let mut last = None;
+    for i in 0..depths {
+        let found = match stage(i, known) {
+            Ok(found) => found,
+            Err(steps) => return unmeasured(steps),
+        };
         known = found.known.filter(|_| found.stable_rank_vouched);
         let done = found.sketch.vouched;
-        stage = Some(found.sketch);
+        last = Some(found.sketch);
         if done {
             break;
         }
     }
-    stage.unwrap_or_else(|| unmeasured(krylov.steps))
+    last.unwrap_or_else(|| unmeasured(0))
 }
 
 /// What one checked depth of the space gives the analysis besides T and (GK)ᵀ(GK): small
@@ -214,7 +239,7 @@ impl KrylovSummary {
     /// - per depth of [`SKETCH_SCHEDULE`], in order: RᵀR (b × b), the round-off (1), the
     ///   probes' ‖G·(I − P)·z‖² (m), their zᵀ(I − P)·G·(I − P)z (m).
     pub const fn packed_len() -> usize {
-        let k = (SKETCH_SCHEDULE[SKETCH_SCHEDULE.len() - 1] + 1) * SKETCH_BLOCK;
+        let k = DEEPEST_SPACE;
         2 * k * k + SKETCH_SCHEDULE.len() * (SKETCH_BLOCK * SKETCH_BLOCK + 1 + 2 * SKETCH_PROBES)
     }
 
@@ -224,8 +249,7 @@ impl KrylovSummary {
         if values.len() != Self::packed_len() {
             return None;
         }
-        let k = (SKETCH_SCHEDULE[SKETCH_SCHEDULE.len() - 1] + 1) * SKETCH_BLOCK;
-        let (b, m) = (SKETCH_BLOCK, SKETCH_PROBES);
+        let (k, b, m) = (DEEPEST_SPACE, SKETCH_BLOCK, SKETCH_PROBES);
         let mut rest = values;
         let mut take = |n: usize| {
             let (head, tail) = rest.split_at(n);
@@ -261,19 +285,13 @@ impl KrylovSummary {
 /// summary's units divide by) gives the zero spectrum.
 pub fn sketch_summarized(summary: &KrylovSummary, trace: f64, goal: SketchGoal) -> Sketch {
     if trace == 0.0 {
-        return Sketch {
-            spectral: Spectral::zero(),
-            errors: SpectralErrors::default(),
-            vouched: true,
-            steps: 0,
-        };
+        return zero();
     }
     if !(trace.is_finite() && trace > 0.0 && summary_is_valid(summary)) {
         return unmeasured(0);
     }
-    let mut known = None;
-    let mut stage = None;
-    for depth in &summary.depths {
+    along_schedule(summary.depths.len(), |i, known| {
+        let depth = &summary.depths[i];
         let k = (depth.steps + 1) * SKETCH_BLOCK;
         let view = View {
             r: summary.side,
@@ -281,28 +299,20 @@ pub fn sketch_summarized(summary: &KrylovSummary, trace: f64, goal: SketchGoal) 
             squares: summary.squares.as_ref().submatrix(0, 0, k, k),
             depth,
         };
-        let found = analyse(&view, goal, known);
-        known = found.known.filter(|_| found.stable_rank_vouched);
-        let done = found.sketch.vouched;
-        stage = Some(found.sketch);
-        if done {
-            break;
-        }
-    }
-    stage.unwrap_or_else(|| unmeasured(0))
+        Ok(analyse(&view, goal, known))
+    })
 }
 
 /// Whether a summary has the shapes [`sketch_summarized`] reads, and finite values.
 fn summary_is_valid(summary: &KrylovSummary) -> bool {
     let (b, m) = (SKETCH_BLOCK, SKETCH_PROBES);
-    let deepest = SKETCH_BLOCK * (SKETCH_SCHEDULE[SKETCH_SCHEDULE.len() - 1] + 2);
     let depths = &summary.depths;
     let Some(last) = depths.last() else {
         return false;
     };
     let k = (last.steps + 1) * b;
     let square = |x: &Mat<f64>| x.nrows() == k && x.ncols() == k && x.is_all_finite();
-    summary.side >= deepest
+    summary.side >= DEEPEST_SIDE
         && depths.len() <= SKETCH_SCHEDULE.len()
         && depths.iter().zip(SKETCH_SCHEDULE).all(|(d, steps)| {
             d.steps == steps
