@@ -99,7 +99,8 @@ def run(collector: str, out: Path, rounds: int, stop_collector) -> list[str]:  #
     for run_id, value, set_up_ms, training, metrics, transport, process in _duckdb(
         f"select run_id, value, regexp_extract(message, 'set-up at init \\(([0-9.]+) ms', 1), "
         "unnest(regexp_extract(message, 'training thread ([0-9.]+), metrics thread ([0-9.]+), "
-        "transport thread ([0-9.]+)\\) of the process.s ([0-9.]+) ms', ['t', 'm', 'x', 'p'])) "
+        "transport thread ([0-9.]+), device-side thread [0-9.]+\\) of the process.s ([0-9.]+) ms', "
+        "['t', 'm', 'x', 'p'])) "
         f"from {table % 'events'} where run_id like 'first-sample-%' and kind = 'overhead_share'"
     ):
         share[run_id] = int(value) / 1e4

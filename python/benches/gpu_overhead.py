@@ -1,11 +1,13 @@
 """The agent's cost on a GPU, as the user feels it: wall time per step of a GPT
 (d 1024, 8 blocks, sequence 512, batch 16, bf16 autocast, fused AdamW; 52 watched
-layers) in five arms, each its own process, interleaved over rounds so drifts of the
+layers) in six arms, each its own process, interleaved over rounds so drifts of the
 machine hit every arm alike:
 
 - ``none``: no agent;
 - ``steps``: ``mode="steps"`` (timing, memory, no layer sampling);
 - ``full@10``: every 10th step sampled, budget 100 % (every planned sample taken);
+- ``full@10-inline``: the same with ``RANKSCOPE_DEVICE_THREAD=0``: the training thread,
+  not the agent's thread, issues the device side's reductions;
 - ``full@1``: every step sampled, budget 100 %;
 - ``default``: every 10th step at the default budget (2 %).
 
@@ -50,6 +52,7 @@ ARMS = {
     "none": None,
     "steps": {"mode": "steps"},
     "full@10": {"sample_every": 10, "overhead_budget": 1.0},
+    "full@10-inline": {"sample_every": 10, "overhead_budget": 1.0, "env": {"RANKSCOPE_DEVICE_THREAD": "0"}},
     "full@1": {"sample_every": 1, "overhead_budget": 1.0},
     "default": {"sample_every": 10},
 }
@@ -117,6 +120,7 @@ def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool, max_row
 
         os.environ["RANKSCOPE_SPILL_DIR"] = spill
         options = dict(ARMS[arm], **({"max_rows": max_rows} if max_rows else {}))
+        os.environ.update(options.pop("env", {}))
         agent = rankscope.init(collector="127.0.0.1:9", run_id=f"gpu-{arm.replace('@', '-every-')}", **options)
         agent.watch(model)
 

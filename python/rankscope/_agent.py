@@ -232,7 +232,8 @@ class Agent:
         (``docs/metrics.md``, "Which steps are sampled"): ``budget`` (a fraction),
         ``cpu_share`` (the agent's share of the process's CPU time) and the CPU
         times behind it (``agent_cpu_ms``, ``training_thread_ms``,
-        ``metrics_thread_ms``, ``transport_thread_ms``, ``process_cpu_ms``); the
+        ``metrics_thread_ms``, ``transport_thread_ms``, ``device_thread_ms`` (the
+        thread that issues the device side's work on a GPU), ``process_cpu_ms``); the
         device time of its sample work (``device_ms`` over ``device_samples``); the
         observed slowdown of the steps (``observed_ms`` over ``observed_steps``
         sampled steps, ``observed_per_step_ms`` the recent median); the planned

@@ -10,21 +10,25 @@ here, in torch operations:
    training stream runs for the agent. The copies wait for the step's end, up to
    ``HELD_BYTES`` of them (on the GPT of BENCHMARKS.md at the default row cap, a step's
    51 copies come to about 1 GB): past it, those taken so far go on at once;
-2. at the step's end (``launch``), the step's samples reduced together: those alike in
-   device, shape, type and centring stacked into one batch (at most ``GROUP_BYTES`` of
-   float32 each), on a side stream of the lowest priority, which waits for the
-   training stream there (the training stream never waits for the agent): cast to
-   float32 (bfloat16 and float16 are measured, never refused), the health sums over
-   the finite elements, centring when asked, and the Gram matrix of the smaller side;
-   then copies of the sums and the Gram matrices into pinned host memory, without
-   blocking, and an event. The training thread issues about twenty operations per
-   batch rather than per sample (issued one sample at a time, they cost it 0.9 ms a
-   sample on an H200: BENCHMARKS.md, "GPU");
+2. at the step's end (``launch``), the training thread records an event on the
+   training stream and hands the step's samples to the agent's thread
+   (``RANKSCOPE_DEVICE_THREAD=0``: issues their reductions itself), which reduces them
+   together: those alike in device, shape, type, centring and method stacked into one
+   batch (at most ``GROUP_BYTES`` of float32 each, ``SKETCH_GROUP_BYTES`` for the
+   sketch), on a side stream of the lowest priority, which waits for that event (the
+   training stream never waits for the agent): cast to float32 (bfloat16 and float16
+   are measured, never refused), the health sums over the finite elements, centring
+   when asked, and the Gram matrix of the smaller side; then copies of the sums and the
+   Gram matrices into pinned host memory, without blocking, and an event. A batch
+   issues about twenty torch operations (issued one sample at a time on the training
+   thread, they cost it 0.9 ms a sample on an H200: BENCHMARKS.md, "GPU"); on the
+   agent's thread they cost the training thread only the interpreter lock they hold.
    Where the sketch measures a sample (``RANKSCOPE_SPECTRUM``, ``docs/metrics.md``),
-   the side stream goes on to run the sketch's Krylov process on its Gram matrix
-   (:func:`krylov`), and only that process's small matrices, about 1 MiB a sample,
-   are copied to the host instead of the Gram matrix (64 MiB at 4,096 × 4,096): the
-   metrics thread then does only the sketch's small dense algebra;
+   the side stream runs the sketch's Krylov process on the sample's matrix instead
+   of its Gram matrix (:func:`krylov`: about 760 torch calls a batch), and only that
+   process's small matrices, about 1 MiB a sample, are copied to the host (the Gram
+   matrix is 64 MiB at 4,096 × 4,096): the metrics thread then does only the sketch's
+   small dense algebra;
 3. when that event has completed (``poll``, at a later step's end, a non-blocking
    query), the pinned buffers go to the extension, whose metrics thread measures
    them (eigenvalues in float64 on the host, or the sketch's analysis).
@@ -38,7 +42,8 @@ step rows' ``overhead_device_ms`` and the overhead budget's device share. Withou
 stream (a CPU tensor, the extension's tests) the reduction's own time stands in.
 
 No ``synchronize`` runs on the training thread, and no float64 eigen-solver on the
-device. The Gram product runs in float32; where the user allowed TF32 for float32
+device. The agent's thread's CPU time is the agent's (the overhead budget's CPU
+share). The products run in float32; where the user allowed TF32 for float32
 products (``torch.set_float32_matmul_precision``, a process-wide switch that the
 agent never touches), it runs in float64 instead, so its precision is the same.
 
@@ -48,14 +53,16 @@ device side and in the extension's queue together. A sample that would pass it i
 skipped and counted (``samples_dropped``, with a ``sample_unreadable`` event naming
 the pool). A batch's Gram matrices share one pinned buffer, freed when the metrics
 thread is done with its last sample, so the memory held can pass the bound by at most
-one batch's (``GROUP_BYTES``).
+one batch's.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections import deque
-from time import perf_counter_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -64,12 +71,30 @@ from . import _native
 
 POOL_BYTES_VARIABLE = "RANKSCOPE_PINNED_POOL_BYTES"
 DEFAULT_POOL_BYTES = 1 << 30
+THREAD_VARIABLE = "RANKSCOPE_DEVICE_THREAD"
 # The most float32 bytes of samples one reduction stacks (a chunk holds at least one):
 # 64 MiB is one 4,096 × 4,096 sample, so the side stream's working memory stays what
 # one sample of the default row cap needs.
 GROUP_BYTES = 64 << 20
+# The same for samples the sketch measures: their Krylov process issues a few hundred
+# operations a batch whatever its size, so fewer, larger batches (four 4,096 × 4,096
+# samples, sixteen 4,096 × 1,024).
+SKETCH_GROUP_BYTES = 256 << 20
 # The most bytes of row copies that wait for the step's end before their reduction starts.
 HELD_BYTES = 256 << 20
+
+
+def threaded_from_env() -> bool:
+    """Whether an agent thread, rather than the training thread, issues the reductions
+    (``RANKSCOPE_DEVICE_THREAD``: ``1``, the default, or ``0``)."""
+    text = os.environ.get(THREAD_VARIABLE, "").strip()
+    if text in ("", "1"):
+        return True
+    if text == "0":
+        return False
+    from ._native import ConfigError
+
+    raise ConfigError(f"{THREAD_VARIABLE}={text!r} is not 0 or 1: give 1 (the default) or 0")
 
 
 def pool_bytes_from_env() -> int:
@@ -138,17 +163,35 @@ class _Pending:
         self.device_ns = device_ns
 
 
+class _Launch:
+    """A launch's samples, and per CUDA device an event on the training stream after
+    their row copies: where the side stream starts."""
+
+    __slots__ = ("taken", "ready")
+
+    def __init__(self, taken: List[_Taken], ready: Dict[Any, Any]) -> None:
+        self.taken = taken
+        self.ready = ready
+
+
 class DeviceSide:
     """Reduces samples of GPU activations on a side stream (see the module)."""
 
-    def __init__(self, native: Any, pool_bytes: int) -> None:
+    def __init__(self, native: Any, pool_bytes: int, threaded: Optional[bool] = None) -> None:
         self._native = native
         self._pool_bytes = pool_bytes
         self._streams: Dict[int, Any] = {}
         self._taken: List[_Taken] = []
         self._taken_bytes = 0
         self._pending: Deque[_Pending] = deque()
+        # Guards _pending_bytes, changed by the training thread and the agent's thread.
+        self._lock = threading.Lock()
         self._pending_bytes = 0
+        # The device types whose reductions the agent's thread issues (the tests add
+        # "cpu" to run that path without a GPU).
+        self.threaded_devices = {"cuda"} if (threaded_from_env() if threaded is None else threaded) else set()
+        self._work: "queue.Queue[Optional[_Launch]]" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
 
     def _stream(self, device: torch.device) -> Any:
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -159,6 +202,10 @@ class DeviceSide:
             stream = torch.cuda.Stream(device=index, priority=low)
             self._streams[index] = stream
         return stream
+
+    def _add_pending_bytes(self, nbytes: int) -> None:
+        with self._lock:
+            self._pending_bytes += nbytes
 
     def submit(
         self,
@@ -198,35 +245,83 @@ class DeviceSide:
         else:
             matrix = matrix.clone()
         self._taken.append(_Taken(token, matrix, centered, nbytes, sketch, seed))
-        self._pending_bytes += nbytes
+        self._add_pending_bytes(nbytes)
         self._taken_bytes += matrix.numel() * matrix.element_size()
         if self._taken_bytes > HELD_BYTES:
             self._launch()
 
     def _launch(self) -> None:
-        """Starts the reduction of the samples taken since the last launch: one per
-        group of samples alike in device, shape, type and centring, in chunks of at
-        most ``GROUP_BYTES`` of float32."""
-        groups: Dict[Tuple[Any, ...], List[_Taken]] = {}
-        for t in self._taken:
-            key = (t.matrix.device, tuple(t.matrix.shape), t.matrix.dtype, t.centered, t.sketch)
-            groups.setdefault(key, []).append(t)
-        self._taken = []
+        """Starts the reduction of the samples taken since the last launch: on the
+        agent's thread where their device's type is threaded, else here."""
+        taken, self._taken = self._taken, []
         self._taken_bytes = 0
-        for items in groups.values():
-            rows, cols = items[0].matrix.shape
-            per_chunk = max(1, GROUP_BYTES // max(1, rows * cols * 4))
-            for first in range(0, len(items), per_chunk):
-                chunk = items[first : first + per_chunk]
-                try:
-                    self._reduce(chunk)
-                except Exception as error:  # noqa: BLE001 - training goes on; the samples are counted
-                    why = str(error).splitlines()[0] if str(error) else type(error).__name__
-                    for t in chunk:
-                        self._pending_bytes -= t.nbytes
-                        self._native.hand_over_failed(t.token, f"the device side failed: {why}")
+        if not taken:
+            return
+        ready: Dict[Any, Any] = {}
+        threaded = []
+        inline = []
+        for t in taken:
+            device = t.matrix.device
+            if device.type == "cuda" and device not in ready:
+                # Where the side stream starts: after the copies, on the training stream.
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(device))
+                ready[device] = event
+            (threaded if device.type in self.threaded_devices else inline).append(t)
+        if threaded:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="rankscope-device", daemon=True)
+                self._thread.start()
+            self._work.put(_Launch(threaded, ready))
+        if inline:
+            self._reduce_all(_Launch(inline, ready))
 
-    def _reduce(self, items: List[_Taken]) -> None:
+    def _run(self) -> None:
+        """The agent's thread: issues each launch's reductions in order. Its CPU time
+        is the agent's (the overhead budget's CPU share)."""
+        while True:
+            launch = self._work.get()
+            try:
+                if launch is None:
+                    return
+                started = thread_time_ns()
+                # Hands every sample over, reduced or failed; raises nothing of its own.
+                self._reduce_all(launch)
+                self._native.add_thread_ns(thread_time_ns() - started)
+            finally:
+                self._work.task_done()
+
+    def _reduce_all(self, launch: _Launch) -> None:
+        """One reduction per group of samples alike in device, shape, type, centring and
+        method, in chunks of at most ``GROUP_BYTES`` (``SKETCH_GROUP_BYTES``) of
+        float32; a chunk that fails hands its samples over as failed."""
+        try:
+            groups: Dict[Tuple[Any, ...], List[_Taken]] = {}
+            for t in launch.taken:
+                key = (t.matrix.device, tuple(t.matrix.shape), t.matrix.dtype, t.centered, t.sketch)
+                groups.setdefault(key, []).append(t)
+            chunks = []
+            for items in groups.values():
+                rows, cols = items[0].matrix.shape
+                limit = SKETCH_GROUP_BYTES if items[0].sketch else GROUP_BYTES
+                per_chunk = max(1, limit // max(1, rows * cols * 4))
+                chunks += [items[first : first + per_chunk] for first in range(0, len(items), per_chunk)]
+        except Exception as error:  # noqa: BLE001 - no sample goes unaccounted for
+            self._fail(launch.taken, error)
+            return
+        for chunk in chunks:
+            try:
+                self._reduce(chunk, launch.ready.get(chunk[0].matrix.device))
+            except Exception as error:  # noqa: BLE001 - training goes on; the samples are counted
+                self._fail(chunk, error)
+
+    def _fail(self, items: List[_Taken], error: BaseException) -> None:
+        why = str(error).splitlines()[0] if str(error) else type(error).__name__
+        for t in items:
+            self._add_pending_bytes(-t.nbytes)
+            self._native.hand_over_failed(t.token, f"the device side failed: {why}")
+
+    def _reduce(self, items: List[_Taken], ready: Any) -> None:
         tokens = [t.token for t in items]
         nbytes = [t.nbytes for t in items]
         device = items[0].matrix.device
@@ -235,29 +330,33 @@ class DeviceSide:
         if device.type != "cuda":
             # The same reduction without a stream (the extension's tests run it on CPU).
             reducing = perf_counter_ns()
-            health, gram = reduce(torch.stack([t.matrix for t in items]), centered)
+            batch = torch.stack([t.matrix for t in items])
             trace = None
             if sketch:
-                trace, gram = krylov(gram, items[0].seed)
+                health, matrix = health_and_matrix(batch, centered)
+                trace, gram = krylov(matrix, items[0].seed)
             else:
+                health, gram = reduce(batch, centered)
                 gram = gram.float().contiguous()
             spent = perf_counter_ns() - reducing
             self._pending.append(_Pending(tokens, nbytes, None, None, health, gram, spent, trace))
             return
         stream = self._stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        # 2. The side stream.
-        with torch.cuda.stream(stream):
+        # 2. The side stream, from where the training stream recorded `ready`; on the
+        # agent's thread the current device is that thread's own, so it is set here.
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            stream.wait_event(ready)
             started = torch.cuda.Event(enable_timing=True)
             started.record(stream)
             batch = torch.stack([t.matrix for t in items]) if len(items) > 1 else items[0].matrix.unsqueeze(0)
-            health, gram = reduce(batch, centered)
             host_trace = None
             if sketch:
-                trace, gram = krylov(gram, items[0].seed)
+                health, matrix = health_and_matrix(batch, centered)
+                trace, gram = krylov(matrix, items[0].seed)
                 host_trace = torch.empty(trace.shape, dtype=torch.float64, pin_memory=True)
                 host_trace.copy_(trace, non_blocking=True)
             else:
+                health, gram = reduce(batch, centered)
                 gram = gram.float()
             host_gram = torch.empty(gram.shape, dtype=gram.dtype, pin_memory=True)
             host_gram.copy_(gram, non_blocking=True)
@@ -272,7 +371,8 @@ class DeviceSide:
 
     def launch(self) -> None:
         """At a step's end, before its row is made: starts the reduction of the
-        step's samples, counted as the sampled step's overhead."""
+        step's samples, counted as the sampled step's overhead (on the agent's thread,
+        only the hand-off is)."""
         if self._taken:
             entered = perf_counter_ns()
             self._launch()
@@ -289,10 +389,14 @@ class DeviceSide:
         self._native.add_overhead_since(entered)
 
     def flush(self) -> None:
-        """At finish: waits for the reductions still running (the only wait, after
-        the last step) and hands them over."""
-        if self._taken:
-            self._launch()
+        """At finish: waits for the agent's thread and the reductions still running
+        (the only waits, after the last step) and hands them over."""
+        self._launch()
+        self._work.join()
+        if self._thread is not None:
+            self._work.put(None)
+            self._thread.join()
+            self._thread = None
         while self._pending:
             item = self._pending.popleft()
             if item.event is not None:
@@ -300,7 +404,7 @@ class DeviceSide:
             self._hand_over(item)
 
     def _hand_over(self, item: _Pending) -> None:
-        self._pending_bytes -= sum(item.nbytes)
+        self._add_pending_bytes(-sum(item.nbytes))
         # Both events have completed: reading their elapsed time does not wait.
         device_ns = item.device_ns
         if item.started is not None:
@@ -326,12 +430,12 @@ class DeviceSide:
             )
 
 
-def reduce(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """What the host needs of k sample matrices alike (k × rows × cols, any float
-    type), on their device: each one's health sums over its finite elements (k × 5,
-    float64: finite count, non-finite count, Σx, Σx², exact zeros) and the Gram matrix
-    of its smaller side (centred when asked; meaningless when an element is not
-    finite, and then not used)."""
+def health_and_matrix(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Of k sample matrices alike (k × rows × cols, any float type), on their device:
+    each one's health sums over its finite elements (k × 5, float64: finite count,
+    non-finite count, Σx, Σx², exact zeros), and the matrices in float32 with their
+    non-finite elements zeroed, centred when asked (meaningless where an element is
+    not finite, and then not used)."""
     a = batch.float()
     k = a.shape[0]
     finite = torch.isfinite(a)
@@ -350,76 +454,103 @@ def reduce(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Ten
     )
     if centered:
         clean = clean - clean.mean(dim=1, keepdim=True)
-    # TF32 is a process-wide switch: where the user turned it on, the product runs in
-    # float64 rather than in TF32.
-    tf32 = a.is_cuda and torch.get_float32_matmul_precision() != "highest"
-    operand = clean.double() if tf32 else clean
-    _, rows, cols = a.shape
+    return health, clean
+
+
+def _product_type(matrix: torch.Tensor) -> torch.dtype:
+    """float32, or float64 where the user allowed TF32 for float32 products: TF32 is a
+    process-wide switch, so the agent's products avoid it rather than turn it off."""
+    tf32 = matrix.is_cuda and torch.get_float32_matmul_precision() != "highest"
+    return torch.float64 if tf32 else torch.float32
+
+
+def reduce(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """What the host needs of k sample matrices alike for the exact path: their health
+    sums (:func:`health_and_matrix`) and the Gram matrix of each one's smaller side."""
+    health, clean = health_and_matrix(batch, centered)
+    operand = clean.to(_product_type(clean))
+    _, rows, cols = operand.shape
     gram = operand.transpose(1, 2) @ operand if cols <= rows else operand @ operand.transpose(1, 2)
     return health, gram
 
 
-def krylov(gram: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The sketch's Krylov process for k Gram matrices alike (k × r × r), on their
-    device: what the extension's ``KrylovSummary`` needs (``agent/src/sampling/
-    sketch.rs`` analyses it; ``docs/metrics.md``, "Sketch mode", states the method).
-    Returns each one's Σλ (k, float64) and its packed summary (k ×
-    ``SKETCH_PACKED_LEN``, float64, in ``KrylovSummary::from_packed``'s order).
+def krylov(matrix: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The sketch's Krylov process for k sample matrices alike (k × rows × cols, float32,
+    from :func:`health_and_matrix`, which it scales in place), on their device: what the extension's
+    ``KrylovSummary`` needs (``agent/src/sampling/sketch.rs`` analyses it;
+    ``docs/metrics.md``, "Sketch mode", states the method). Returns each one's
+    Σλ = ‖X‖²_F (k, float64) and its packed summary (k × ``SKETCH_PACKED_LEN``,
+    float64, in ``KrylovSummary::from_packed``'s order).
 
-    The same process as the host's sketch, in G / Σλ: products with G in float32 (in
-    float64 where the user allowed TF32), everything else in float64; a block Krylov
-    space from ``SKETCH_BLOCK`` orthonormalized Gaussian vectors and ``SKETCH_PROBES``
-    Rademacher probes (the extension's constants), drawn from ``seed`` by torch's
-    generator on the device. It runs to the
-    schedule's last depth, since the device does not stop to ask; the host reads the
-    depths in order and stops at the first that vouches. Every new block is projected
-    out of the space twice and orthonormalized by Cholesky QR twice (no branch on the
-    device, no wait, no eigen-solver); a space that lost orthogonality all the same
-    makes its round-off NaN, which the host reads as a sample it cannot measure.
+    The same process as the host's sketch, in G / Σλ, where G is the Gram matrix of the
+    smaller side (r × r): G is never formed; a product G·V is Xᵀ(X·V) (or X(Xᵀ·V)), in
+    float32 (float64 where the user allowed TF32), on X scaled by 1/√Σλ; everything
+    else is in float64. For a 4,096 × 4,096 sample that is about 19 GFLOP instead of the
+    Gram matrix's 137, and no 64 MiB matrix. A block Krylov space from ``SKETCH_BLOCK``
+    orthonormalized Gaussian vectors and ``SKETCH_PROBES`` Rademacher probes (the
+    extension's constants), drawn from ``seed`` by torch's generator on the device. It
+    runs to the schedule's last depth, since the device does not stop to ask; the host
+    reads the depths in order and stops at the first that vouches. Every new block is
+    projected out of the space twice and orthonormalized by Cholesky QR twice (no
+    branch on the device, no wait, no eigen-solver); a space that lost orthogonality
+    all the same makes its round-off NaN, which the host reads as a sample it cannot
+    measure. The space and its products are filled in place: a batch issues about 760
+    torch calls and 880 kernels, whatever its size (``python/benches/device_ops.py``).
     """
-    k, r, _ = gram.shape
-    device = gram.device
+    k, rows, cols = matrix.shape
+    r = min(rows, cols)
+    device = matrix.device
     b, m, schedule = _native.SKETCH_BLOCK, _native.SKETCH_PROBES, _native.SKETCH_SCHEDULE
     deepest = max(schedule)
+    width = (deepest + 1) * b
     f64 = torch.float64
-    trace = gram.diagonal(dim1=1, dim2=2).to(f64).sum(dim=1)
-    tf32 = gram.is_cuda and torch.get_float32_matmul_precision() != "highest"
-    product_type = f64 if tf32 else torch.float32
-    g = (gram.to(f64) / trace[:, None, None]).to(product_type)
+    product_type = _product_type(matrix)
+    x = matrix.to(product_type)
+    trace = torch.linalg.vector_norm(x, dim=2).to(f64).square().sum(dim=1)
+    # In place: the caller's matrix is not read again (one batch's memory less).
+    x.mul_(trace.rsqrt().to(product_type)[:, None, None])
+    xt = x.transpose(1, 2)
+    # G·V = (first @ (second @ V)) / Σλ, with G the smaller side's Gram matrix.
+    first_factor, second_factor = (xt, x) if cols <= rows else (x, xt)
 
     def times(v: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(g, v.to(product_type)).to(f64)
+        return torch.bmm(first_factor, torch.bmm(second_factor, v.to(product_type))).to(f64)
 
     def project_out(y: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+        across = basis.transpose(1, 2)
         for _ in range(2):
-            y = y - basis @ (basis.transpose(1, 2) @ y)
+            y = torch.baddbmm(y, basis, torch.bmm(across, y), alpha=-1)
         return y
 
     def orthonormal(y: torch.Tensor) -> torch.Tensor:
-        eye = torch.eye(y.shape[2], dtype=f64, device=device)
-        gram_y = y.transpose(1, 2) @ y
+        gram_y = torch.bmm(y.transpose(1, 2), y)
+        diagonal = gram_y.diagonal(dim1=1, dim2=2)
         # A shift at round-off level keeps the factorization defined where the block
         # is (nearly) rank deficient; the second pass restores orthonormality.
-        shift = 1e-13 * gram_y.diagonal(dim1=1, dim2=2).sum(dim=1) + 1e-300
-        lower, _ = torch.linalg.cholesky_ex(gram_y + shift[:, None, None] * eye)
-        return torch.linalg.solve_triangular(lower, y.transpose(1, 2), upper=False).transpose(1, 2)
+        diagonal.add_(diagonal.sum(dim=1, keepdim=True).mul_(1e-13).add_(1e-300))
+        lower, _ = torch.linalg.cholesky_ex(gram_y)
+        # y·L⁻ᵀ, whose Gram matrix is the identity.
+        return torch.linalg.solve_triangular(lower.transpose(1, 2), y, upper=True, left=False)
 
     generator = torch.Generator(device=device)
     generator.manual_seed(seed % (1 << 64))
     omega = torch.randn(k, r, b, generator=generator, device=device, dtype=f64)
     z = torch.randint(0, 2, (k, r, m), generator=generator, device=device).to(f64) * 2 - 1
+    basis = torch.empty(k, r, width, dtype=f64, device=device)
+    products = torch.empty(k, r, width, dtype=f64, device=device)
     q = orthonormal(orthonormal(omega))
-    first = times(torch.cat([q, z], dim=2))
-    gz, product = first[:, :, b:], first[:, :, :b]
-    basis, products = q, product
-    residual = project_out(product, basis)
+    basis[:, :, :b] = q
+    start = times(torch.cat([q, z], dim=2))
+    products[:, :, :b] = start[:, :, :b]
+    gz = start[:, :, b:]
+    residual = project_out(start[:, :, :b], q)
     residuals = {}
     for step in range(1, deepest + 1):
-        nxt = orthonormal(project_out(orthonormal(residual), basis))
-        product = times(nxt)
-        basis = torch.cat([basis, nxt], dim=2)
-        products = torch.cat([products, product], dim=2)
-        residual = project_out(product, basis)
+        end = (step + 1) * b
+        nxt = orthonormal(project_out(orthonormal(residual), basis[:, :, : end - b]))
+        basis[:, :, end - b : end] = nxt
+        products[:, :, end - b : end] = times(nxt)
+        residual = project_out(products[:, :, end - b : end], basis[:, :, :end])
         if step in schedule:
             residuals[step] = residual
     projected = basis.transpose(1, 2) @ products
@@ -428,8 +559,7 @@ def krylov(gram: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
     # A smaller depth's T, K and G·K are the leading blocks of the deepest's.
     depths = [_depth(projected, basis, products, residuals[q], z, gz, (q + 1) * b) for q in schedule]
     # Orthonormality of the space, checked once: past 1e-8 the analysis would not hold.
-    size = basis.shape[2]
-    defect = torch.linalg.matrix_norm(basis.transpose(1, 2) @ basis - torch.eye(size, dtype=f64, device=device))
+    defect = torch.linalg.matrix_norm(basis.transpose(1, 2) @ basis - torch.eye(width, dtype=f64, device=device))
     lost = (defect > 1e-8) | ~torch.isfinite(defect)
     parts = [projected.reshape(k, -1), squares.reshape(k, -1)]
     for residual_gram, off, outside, control in depths:

@@ -4,6 +4,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
+SKETCH_BLOCK: int
+"""The sketch's block size (``agent/src/sampling/sketch.rs``)."""
+SKETCH_PROBES: int
+"""The sketch's Rademacher probes."""
+SKETCH_SCHEDULE: List[int]
+"""The Krylov depths at which the sketch checks its estimates."""
+SKETCH_PACKED_LEN: int
+"""The float64 values of one packed Krylov summary (``hand_over_sketched``)."""
+
 class ConfigError(ValueError):
     """A wrong rankscope setting: the message names the variable or keyword and the fix."""
 
@@ -102,6 +111,19 @@ class NativeAgent:
         gram: Optional[torch.Tensor],
     ) -> None:
         """Hands over a sample the device side reduced (its event has completed)."""
+    def hand_over_sketched(
+        self,
+        token: NativePending,
+        finite: int,
+        nonfinite: int,
+        sum: float,
+        sum_sq: float,
+        zeros: int,
+        trace: float,
+        packed: Optional[torch.Tensor],
+    ) -> None:
+        """Hands over a sample whose Krylov process the device ran (its event has
+        completed): ``packed`` in ``KrylovSummary::from_packed``'s order."""
     def hand_over_failed(self, token: NativePending, why: str) -> None:
         """Hands over a sample the device side could not reduce (counted as dropped)."""
     def pinned_bytes_held(self) -> int:
@@ -109,6 +131,8 @@ class NativeAgent:
     def add_device_ns(self, ns: int, samples: int) -> None:
         """Adds device time of samples' side-stream work (the next step row's
         ``overhead_device_ms`` and the budget's device share)."""
+    def add_thread_ns(self, ns: int) -> None:
+        """Adds CPU time of the device side's own thread (the budget's CPU share)."""
     def _inject_sampled_step_delay(self, ms: float) -> None:
         """Tests only: sleeps ``ms`` at the end of every sampled step, unseen by the
         agent's clocks."""

@@ -223,8 +223,10 @@ fn take(
             });
             // Where the sketch measures it, the device runs the Krylov process too, and
             // hands over a few hundred KiB instead of the Gram matrix.
-            let sketch =
-                options.spectrum.method(kept as i64, plan.cols as i64) == sampling::Method::Sketch;
+            let sketch = options
+                .spectrum
+                .method_on_device(kept as i64, plan.cols as i64)
+                == sampling::Method::Sketch;
             let seed = pending.seed;
             let token = Py::new(
                 py,

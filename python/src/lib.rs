@@ -333,6 +333,12 @@ impl NativeAgent {
         self.agent.add_device_ns(ns, samples);
     }
 
+    /// Adds `ns` of CPU time of the device side's own thread (`rankscope._device`),
+    /// which the overhead budget counts as the agent's.
+    fn add_thread_ns(&self, ns: u64) {
+        self.agent.add_device_thread_ns(ns);
+    }
+
     /// Sleeps `ms` at the end of every sampled step from now on, unseen by the agent's
     /// clocks: a cost only the observed slowdown finds (tests only:
     /// python/tests/test_budget.py).
@@ -486,6 +492,7 @@ impl NativeAgent {
         d.set_item("training_thread_ms", o.training_ns as f64 / 1e6)?;
         d.set_item("metrics_thread_ms", o.metrics_ns as f64 / 1e6)?;
         d.set_item("transport_thread_ms", o.transport_ns as f64 / 1e6)?;
+        d.set_item("device_thread_ms", o.device_thread_ns as f64 / 1e6)?;
         d.set_item("process_cpu_ms", o.process_ns as f64 / 1e6)?;
         d.set_item("device_ms", o.device_ns as f64 / 1e6)?;
         d.set_item("device_samples", o.device_samples)?;

@@ -58,13 +58,17 @@ def collector(tmp_path):
         c.proc.kill()
 
 
-def through_device_side(agent):
+def through_device_side(agent, threaded: bool = False):
     """Sends the agent's host tensors to a device side of its own, which reduces them
     without a stream as it would a GPU's (the extension's tests of the GPU path);
-    returns that device side, which ``agent._device`` polls at each step's end."""
+    returns that device side, which ``agent._device`` polls at each step's end.
+    ``threaded``: on the device side's own thread, as on a GPU (a step's reduction is
+    then handed over at a later poll, or at finish)."""
     from rankscope import _device
 
     side = _device.DeviceSide(agent._native, _device.DEFAULT_POOL_BYTES)
+    if threaded:
+        side.threaded_devices.add("cpu")
     agent._native._set_device_side(side)
     agent._native._host_to_device_side(True)
     agent._device = side
@@ -451,6 +455,7 @@ class _FakeNative:
     def __init__(self) -> None:
         self.handed: list = []
         self.device_samples = 0
+        self.thread_ns = 0
 
     def pinned_bytes_held(self) -> int:
         return 0
@@ -466,6 +471,9 @@ class _FakeNative:
 
     def add_overhead_since(self, since: int, sampling: bool = False) -> None:
         pass
+
+    def add_thread_ns(self, ns: int) -> None:
+        self.thread_ns += ns
 
     def hand_over_sketched(self, token, finite, nonfinite, total, total_sq, zeros, trace, packed) -> None:
         self.handed.append((token, finite, packed.shape if packed is not None else None))
@@ -509,12 +517,65 @@ def test_the_device_side_waits_for_the_step_end_up_to_its_held_bytes(monkeypatch
         assert native.device_samples == 3 and not side._taken and not side._pending
 
 
+def test_the_device_sides_thread_reduces_every_sample_and_counts_its_time():
+    """On the device side's own thread (as on a GPU; here without a stream) a launch
+    returns before its reduction: every sample is handed over once, by a later poll or
+    at flush, launches in order, the Gram path and the sketch's alike; the thread's CPU
+    time reaches the agent, and the thread is gone after flush. A reduction that fails
+    there hands its samples over as failed and the thread serves the next launch."""
+    from rankscope import _device
+
+    native = _FakeNative()
+    side = _device.DeviceSide(native, _device.DEFAULT_POOL_BYTES, threaded=True)
+    side.threaded_devices.add("cpu")
+    g = torch.Generator().manual_seed(2)
+    small, wide = torch.randn(30, 8, generator=g), torch.randn(600, 560, generator=g)
+    for step in range(3):
+        for token, x, sketch in (("a", small, False), ("b", wide, True), ("c", small, False)):
+            side.submit(x, f"{token}{step}", (0, 1), x.shape[0], x.shape[1], None, False, sketch, step)
+        side.poll()
+    side.flush()
+    packed = (_native_packed_len(),)
+    expected = [(f"{t}{s}", n, shape) for s in range(3) for t, n, shape in (("a", 240, (8, 8)), ("b", 336000, packed), ("c", 240, (8, 8)))]
+    # Within a launch, batches go in group order (the two small samples together).
+    assert sorted(native.handed) == sorted(expected), native.handed
+    assert [h[0] for h in native.handed if h[0].startswith("b")] == ["b0", "b1", "b2"]
+    assert native.thread_ns > 0 and side._thread is None
+    assert side._pending_bytes == 0 and not side._pending
+
+    def broken(batch, centered):
+        raise RuntimeError("no room on the device")
+
+    side = _device.DeviceSide(native, _device.DEFAULT_POOL_BYTES, threaded=True)
+    side.threaded_devices.add("cpu")
+    native.handed.clear()
+    original = _device.reduce
+    _device.reduce = broken
+    try:
+        side.submit(small, "x", (0, 1), 30, 8, None, False)
+        side.poll()
+        side._work.join()
+    finally:
+        _device.reduce = original
+    side.submit(small, "y", (0, 1), 30, 8, None, False)
+    side.flush()
+    assert native.handed == [("x", "the device side failed: no room on the device"), ("y", 240, (8, 8))], native.handed
+    assert side._pending_bytes == 0
+
+
+def _native_packed_len() -> int:
+    from rankscope import _native
+
+    return _native.SKETCH_PACKED_LEN
+
+
 def observe_once(collector: "Collector", inputs: dict, device: bool, max_rows: int) -> None:
-    """One step of run "same" that observes every input, through the device side or
-    the host path, sent to `collector` (the paths draw the same rows)."""
+    """One step of run "same" that observes every input, through the device side (on
+    its own thread, as on a GPU) or the host path, sent to `collector` (the paths draw
+    the same rows)."""
     agent = rankscope.init(collector=collector.addr, run_id="same", max_rows=max_rows, sample_every=1)
     if device:
-        through_device_side(agent)
+        through_device_side(agent, threaded=True)
     with agent.step(0):
         for name, x in inputs.items():
             agent.observe(name, x)

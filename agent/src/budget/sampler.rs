@@ -148,7 +148,8 @@ pub struct ActivationSamples {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Overhead {
     pub budget: OverheadBudget,
-    /// The agent's CPU time: `training_ns + metrics_ns + transport_ns`.
+    /// The agent's CPU time: `training_ns + metrics_ns + transport_ns +
+    /// device_thread_ns`.
     pub agent_ns: u64,
     /// The agent's time on the training thread (the steps' `overhead_ms`).
     pub training_ns: u64,
@@ -158,6 +159,9 @@ pub struct Overhead {
     pub metrics_ns: u64,
     /// The transport thread's CPU time.
     pub transport_ns: u64,
+    /// The CPU time of an adapter's thread that issues the device side's work (the
+    /// Python package's on a GPU); 0 where there is none.
+    pub device_thread_ns: u64,
     /// The whole process's CPU time since the agent started.
     pub process_ns: u64,
     /// The device time of the agent's sample work (an adapter's side stream), and
@@ -257,6 +261,8 @@ pub(crate) struct Sampler {
     /// The device time of sample work (an adapter's), all of it and since the last
     /// step row took it, and the samples it covers (none: no device side).
     device_ns: AtomicU64,
+    /// An adapter's device-side thread's CPU time (see [`Overhead::device_thread_ns`]).
+    device_thread_ns: AtomicU64,
     device_row_ns: AtomicU64,
     device_samples: AtomicU64,
     slowdown: Mutex<Slowdown>,
@@ -304,6 +310,7 @@ impl Sampler {
             steps_skipped: AtomicU64::new(0),
             steps_floor: AtomicU64::new(0),
             device_ns: AtomicU64::new(0),
+            device_thread_ns: AtomicU64::new(0),
             device_row_ns: AtomicU64::new(0),
             device_samples: AtomicU64::new(0),
             slowdown: Mutex::default(),
@@ -484,6 +491,12 @@ impl Sampler {
         self.device_samples.fetch_add(samples, Ordering::Relaxed);
     }
 
+    /// Adds CPU time of an adapter's thread that issues the device side's work: the
+    /// agent's, off the training thread.
+    pub fn add_device_thread_ns(&self, ns: u64) {
+        self.device_thread_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
     /// Samples taken and not yet done with: being read or reduced by an adapter,
     /// queued for the metrics thread, or being measured.
     pub fn in_flight(&self) -> u64 {
@@ -568,6 +581,7 @@ impl Sampler {
             training_ns: self.training_ns.load(Ordering::Relaxed),
             training_sample_ns: self.training_sample_ns.load(Ordering::Relaxed),
             metrics_ns: self.worker.cpu_ns.load(Ordering::Relaxed),
+            device_thread_ns: self.device_thread_ns.load(Ordering::Relaxed),
             transport_ns: self
                 .transport_ns
                 .load(Ordering::Relaxed)
@@ -630,6 +644,7 @@ impl Sampler {
             .saturating_sub(self.set_up());
         let agent_ns = self.training_ns.load(Ordering::Relaxed)
             + self.worker.cpu_ns.load(Ordering::Relaxed)
+            + self.device_thread_ns.load(Ordering::Relaxed)
             + transport_ns.saturating_sub(self.transport_set_up());
         Some(CpuTimes {
             process_ns,

@@ -29,7 +29,7 @@
 //! | `RANKSCOPE_CENTER` | centre columns before the spectrum (`1`/`0`) | `0` |
 //! | `RANKSCOPE_CONV_LAYOUT` | `channelwise` or `flatten` | `channelwise` |
 //! | `RANKSCOPE_SPECTRUM` | `auto`, `exact` or `sketch`: how the spectral columns are computed (`auto` sketches matrices with at least `RANKSCOPE_SKETCH_THRESHOLD` rows and columns; the `layers.method` column says which ran) | `auto` |
-//! | `RANKSCOPE_SKETCH_THRESHOLD` | the smaller side (min of rows and columns) from which `auto` sketches | `1536` |
+//! | `RANKSCOPE_SKETCH_THRESHOLD` | the smaller side (min of rows and columns) from which `auto` sketches | `1536`; `1024` where a GPU runs the sketch's Krylov process (the Python package) |
 //! | `RANKSCOPE_OVERHEAD_BUDGET` | the agent's share, held on three shares: of the process's CPU time (its threads' CPU clocks plus its time on the training thread, over a sliding window), and of the wall time, its device time and the observed slowdown of the steps; planned samples it has no room for are skipped, and counted, and one sampled step every 100 steps is taken within 2.5 times the budget (see [`crate::budget`]); `100%` takes every planned sample | `2%` |
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
 //! | `RANKSCOPE_TOKEN` | bearer token the collector requires (`--token-file`) | none |
@@ -92,6 +92,9 @@ pub struct AgentConfig {
     pub spectrum: SpectrumMode,
     /// `RANKSCOPE_SKETCH_THRESHOLD`.
     pub sketch_threshold: usize,
+    /// The same where a device runs the sketch's Krylov process: the value set, or
+    /// [`DEFAULT_DEVICE_SKETCH_THRESHOLD`].
+    pub device_sketch_threshold: usize,
     /// How long `finish()` waits for the collector to acknowledge everything.
     pub finish_timeout: Duration,
     /// Rows the training thread may queue before rows are dropped (and counted).
@@ -321,14 +324,16 @@ impl AgentConfigBuilder {
             },
         };
         let sketch_threshold = match self.sketch_threshold {
-            Some(n) => n,
+            Some(n) => Some(n),
             None => number(
                 &env,
                 RANKSCOPE_SKETCH_THRESHOLD,
                 "the smaller side (rows or columns) from which auto sketches the spectrum, e.g. 1536",
             )?
-            .map_or(DEFAULT_SKETCH_THRESHOLD, |n| n as usize),
+            .map(|n| n as usize),
         };
+        let device_sketch_threshold = sketch_threshold.unwrap_or(DEFAULT_DEVICE_SKETCH_THRESHOLD);
+        let sketch_threshold = sketch_threshold.unwrap_or(DEFAULT_SKETCH_THRESHOLD);
         let spill_dir = match self.spill_dir.clone() {
             Some(dir) => dir,
             None => match env(RANKSCOPE_SPILL_DIR) {
@@ -390,6 +395,7 @@ impl AgentConfigBuilder {
             conv_layout,
             spectrum,
             sketch_threshold,
+            device_sketch_threshold,
             finish_timeout: self.finish_timeout.unwrap_or(DEFAULT_FINISH_TIMEOUT),
             queue_rows: self.queue_rows.unwrap_or(DEFAULT_QUEUE_ROWS),
             workload: self.workload.clone().unwrap_or_default(),

@@ -265,17 +265,22 @@ fn a_collector_list_gives_each_rank_one_collector() {
 fn spectrum_settings() {
     let c = build(&[]).unwrap();
     assert_eq!(
-        (c.spectrum, c.sketch_threshold),
-        (SpectrumMode::Auto, DEFAULT_SKETCH_THRESHOLD)
+        (c.spectrum, c.sketch_threshold, c.device_sketch_threshold),
+        (
+            SpectrumMode::Auto,
+            DEFAULT_SKETCH_THRESHOLD,
+            DEFAULT_DEVICE_SKETCH_THRESHOLD
+        )
     );
+    // A threshold set is the device's too.
     let c = build(&[
         (RANKSCOPE_SPECTRUM, " Sketch "),
         (RANKSCOPE_SKETCH_THRESHOLD, "2048"),
     ])
     .unwrap();
     assert_eq!(
-        (c.spectrum, c.sketch_threshold),
-        (SpectrumMode::Sketch, 2048)
+        (c.spectrum, c.sketch_threshold, c.device_sketch_threshold),
+        (SpectrumMode::Sketch, 2048, 2048)
     );
     assert_eq!(SpectrumMode::parse("exact"), Some(SpectrumMode::Exact));
 }

@@ -47,6 +47,12 @@ pub const DEFAULT_MAX_ROWS: usize = 4096;
 /// `auto` sketches a matrix with at least this many rows and columns: there the exact
 /// path costs over a second of CPU (`docs/metrics.md`, "Sketch mode").
 pub const DEFAULT_SKETCH_THRESHOLD: usize = 1536;
+/// The same where a device runs the sketch's Krylov process (the Python package on a
+/// GPU) and the host only analyses it: there the exact path's float64 eigen-solve at a
+/// side of 1,024 (74 ms of host CPU on an H200 machine) is 20 times the analysis, and
+/// a GPT's 1,024-wide layers sampled every 10 steps would outrun the metrics thread
+/// (`docs/metrics.md`, "Method"). `RANKSCOPE_SKETCH_THRESHOLD` sets both.
+pub const DEFAULT_DEVICE_SKETCH_THRESHOLD: usize = 1024;
 pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default spill root: `rankscope-spill-$USER` in the temporary directory (one

@@ -54,6 +54,9 @@ pub struct SpectrumOptions {
     pub mode: SpectrumMode,
     /// `auto` sketches a matrix whose rows and columns are both at least this many.
     pub sketch_threshold: usize,
+    /// The same where a device runs the sketch's Krylov process and the host only
+    /// analyses it ([`SpectrumOptions::method_on_device`]).
+    pub device_sketch_threshold: usize,
 }
 
 impl Default for SpectrumOptions {
@@ -61,6 +64,7 @@ impl Default for SpectrumOptions {
         SpectrumOptions {
             mode: SpectrumMode::Auto,
             sketch_threshold: crate::config::DEFAULT_SKETCH_THRESHOLD,
+            device_sketch_threshold: crate::config::DEFAULT_DEVICE_SKETCH_THRESHOLD,
         }
     }
 }
@@ -92,8 +96,18 @@ impl Method {
 impl SpectrumOptions {
     /// The method for a matrix of `rows` × `cols`.
     pub fn method(&self, rows: i64, cols: i64) -> Method {
+        self.method_from(self.sketch_threshold, rows, cols)
+    }
+
+    /// The method for a matrix of `rows` × `cols` that a device reduces, and whose
+    /// Krylov process it runs where the sketch measures it.
+    pub fn method_on_device(&self, rows: i64, cols: i64) -> Method {
+        self.method_from(self.device_sketch_threshold, rows, cols)
+    }
+
+    fn method_from(&self, threshold: usize, rows: i64, cols: i64) -> Method {
         let side = rows.min(cols);
-        let threshold = i64::try_from(self.sketch_threshold).unwrap_or(i64::MAX);
+        let threshold = i64::try_from(threshold).unwrap_or(i64::MAX);
         match self.mode {
             _ if side < SKETCH_MIN_SIDE => Method::Exact,
             SpectrumMode::Exact => Method::Exact,

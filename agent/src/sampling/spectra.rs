@@ -231,6 +231,7 @@ pub fn compare(
     let options = |mode| SpectrumOptions {
         mode,
         sketch_threshold: 0,
+        device_sketch_threshold: 0,
     };
     let ranks = SketchPolicy {
         goal: SketchGoal::StableRankAndParticipation,

@@ -304,6 +304,14 @@ impl Agent {
         }
     }
 
+    /// Adds CPU time of an adapter's thread that issues the device side's work (the
+    /// overhead budget's CPU share counts it as the agent's).
+    pub fn add_device_thread_ns(&self, ns: u64) {
+        if let Some(recorder) = &self.recorder {
+            recorder.sampler.add_device_thread_ns(ns);
+        }
+    }
+
     /// Adds `delay` to every sampled step from now on, as a sleep at its end that the
     /// agent's clocks do not see: a cost only the observed slowdown can find. For
     /// tests of the budget and its reports; never set in training.

@@ -130,6 +130,7 @@ impl Recorder {
             spectrum: SpectrumOptions {
                 mode: config.spectrum,
                 sketch_threshold: config.sketch_threshold,
+                device_sketch_threshold: config.device_sketch_threshold,
             },
         };
         let sampler = Sampler::new(
@@ -414,11 +415,12 @@ impl Recorder {
             rows.push(event(
                 crate::rows::event_kind::OVERHEAD_SHARE,
                 format!(
-                    "the agent used {:.1} ms (training thread {:.1}, metrics thread {:.1}, transport thread {:.1}) of the process's {:.1} ms of CPU time ({:.2} %; budget {budget}); the agent's threads' set-up at init ({:.1} ms: the metrics thread's warm-up, the transport thread's start and first connection) is left out of both; value in millionths. {}. {}",
+                    "the agent used {:.1} ms (training thread {:.1}, metrics thread {:.1}, transport thread {:.1}, device-side thread {:.1}) of the process's {:.1} ms of CPU time ({:.2} %; budget {budget}); the agent's threads' set-up at init ({:.1} ms: the metrics thread's warm-up, the transport thread's start and first connection) is left out of both; value in millionths. {}. {}",
                     overhead.agent_ns as f64 / 1e6,
                     overhead.training_ns as f64 / 1e6,
                     overhead.metrics_ns as f64 / 1e6,
                     overhead.transport_ns as f64 / 1e6,
+                    overhead.device_thread_ns as f64 / 1e6,
                     overhead.process_ns as f64 / 1e6,
                     share * 100.0,
                     overhead.set_up_ns as f64 / 1e6,

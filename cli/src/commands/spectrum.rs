@@ -58,6 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         spectrum: SpectrumOptions {
             mode,
             sketch_threshold: args.sketch_threshold,
+            ..SpectrumOptions::default()
         },
     };
     let m = rankscope_agent::torch::compute(&tensor, &options, 0);

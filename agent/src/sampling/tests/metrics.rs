@@ -142,8 +142,13 @@ fn spectrum_method_follows_mode_threshold_and_size() {
     let auto = SpectrumOptions {
         mode: SpectrumMode::Auto,
         sketch_threshold: 1536,
+        device_sketch_threshold: 1024,
     };
     assert_eq!(auto.method(4096, 1535), Method::Exact);
+    // Where a device runs the Krylov process, from its own threshold.
+    assert_eq!(auto.method_on_device(4096, 1023), Method::Exact);
+    assert_eq!(auto.method_on_device(4096, 1024), Method::Sketch);
+    assert_eq!(auto.method_on_device(511, 4096), Method::Exact);
     assert_eq!(auto.method(4096, 1536), Method::Sketch);
     assert_eq!(auto.method(1536, 8192), Method::Sketch);
     assert_eq!(auto.method(64, 8192), Method::Exact);

@@ -19,7 +19,7 @@ fn with_spectrum(mode: SpectrumMode) -> MatrixOptions {
         conv_layout: ConvLayout::Channelwise,
         spectrum: SpectrumOptions {
             mode,
-            sketch_threshold: 1536,
+            ..SpectrumOptions::default()
         },
     }
 }
