@@ -4,16 +4,19 @@ The extension links no libtorch, so what runs where the activation lives is writ
 here, in torch operations:
 
 1. on the training stream, a copy of the agent's own: the activation's matrix (the
-   table of ``docs/metrics.md``, as the extension plans it) with its rows drawn by the
-   extension's seed (a pinned index tensor, copied without blocking). Training may
+   table of ``docs/metrics.md``, as the extension plans it), whole. Training may
    change its activation in place later; this copy is the one device operation the
-   training stream runs for the agent. The copies wait for the step's end, up to
-   ``HELD_BYTES`` of them (on the GPT of BENCHMARKS.md at the default row cap, a step's
-   51 copies come to about 1 GB): past it, those taken so far go on at once;
+   training stream runs for the agent, and the one torch operation a sample costs the
+   training thread (the rows past the row cap are drawn later, off that thread). The
+   copies wait for the step's end, up to ``HELD_BYTES`` of them (on the GPT of
+   BENCHMARKS.md a step's 51 copies come to about 1.2 GB): past it, those taken so far
+   go on at once;
 2. at the step's end (``launch``), the training thread records an event on the
    training stream and hands the step's samples to the agent's thread
    (``RANKSCOPE_DEVICE_THREAD=0``: issues their reductions itself), which reduces them
-   together: those alike in device, shape, type, centring and method stacked into one
+   together: each one's rows past the row cap drawn by the extension's seed
+   (``choose_rows``, the host path's draw; a pinned index tensor, copied without
+   blocking), those alike in device, shape, type, centring and method stacked into one
    batch (at most ``GROUP_BYTES`` of float32 each, ``SKETCH_GROUP_BYTES`` for the
    sketch), on a side stream of the lowest priority, which waits for that event (the
    training stream never waits for the agent): cast to float32 (bfloat16 and float16
@@ -117,12 +120,20 @@ def pool_bytes_from_env() -> int:
 
 
 class _Taken:
-    """A sample's rows, copied on the training stream, waiting for the step's end."""
+    """A sample's matrix, copied on the training stream, waiting for the step's end;
+    ``keep`` of its rows, drawn from ``seed``, are reduced (``None``: all)."""
 
-    __slots__ = ("token", "matrix", "centered", "nbytes", "sketch", "seed")
+    __slots__ = ("token", "matrix", "centered", "nbytes", "sketch", "seed", "keep")
 
     def __init__(
-        self, token: Any, matrix: torch.Tensor, centered: bool, nbytes: int, sketch: bool = False, seed: int = 0
+        self,
+        token: Any,
+        matrix: torch.Tensor,
+        centered: bool,
+        nbytes: int,
+        sketch: bool = False,
+        seed: int = 0,
+        keep: Optional[int] = None,
     ) -> None:
         self.token = token
         self.matrix = matrix
@@ -130,6 +141,23 @@ class _Taken:
         self.nbytes = nbytes
         self.sketch = sketch
         self.seed = seed
+        self.keep = keep
+
+    def shape(self) -> Tuple[int, int]:
+        """The shape of what is reduced: the kept rows."""
+        rows, cols = self.matrix.shape
+        return (rows if self.keep is None else self.keep, cols)
+
+    def rows(self) -> torch.Tensor:
+        """The kept rows (on the reducing thread and stream): those the extension's
+        ``choose_rows`` draws from the seed, as the host path does."""
+        if self.keep is None:
+            return self.matrix
+        chosen = _native.choose_rows(self.matrix.shape[0], self.keep, self.seed)
+        index = torch.frombuffer(bytearray(chosen), dtype=torch.int64)
+        if self.matrix.is_cuda:
+            index = index.pin_memory().to(self.matrix.device, non_blocking=True)
+        return self.matrix.index_select(0, index)
 
 
 class _Pending:
@@ -214,17 +242,18 @@ class DeviceSide:
         order: Sequence[int],
         rows: int,
         cols: int,
-        chosen: Optional[bytes],
+        keep: Optional[int],
         centered: bool,
         sketch: bool = False,
         seed: int = 0,
     ) -> None:
-        """Copies one sample's rows (called by the extension's hook on the training
-        thread); its reduction starts at the step's end (:meth:`launch`). ``chosen``:
-        the rows to keep, little-endian int64, or ``None`` for all. ``sketch``: the
-        sketch measures it, so the device runs its Krylov process (:func:`krylov`),
-        drawing its random vectors from ``seed``."""
-        kept = len(chosen) // 8 if chosen is not None else rows
+        """Copies one sample's matrix (called by the extension's hook on the training
+        thread: one copy, nothing else on the device); its reduction starts at the
+        step's end (:meth:`launch`). ``keep``: how many of its rows the reduction keeps,
+        drawn from ``seed`` there, off the training thread (``None``: all). ``sketch``:
+        the sketch measures it, so the device runs its Krylov process (:func:`krylov`),
+        drawing its random vectors from ``seed`` too."""
+        kept = keep if keep is not None else rows
         side = min(kept, cols)
         nbytes = (_native.SKETCH_PACKED_LEN * 8 if sketch else side * side * 4) + 48
         if self._pending_bytes + self._native.pinned_bytes_held() + nbytes > self._pool_bytes:
@@ -234,17 +263,12 @@ class DeviceSide:
                 f"has no room for this sample's {nbytes} bytes",
             )
             return
-        x = tensor.detach()
-        # 1. The training stream: the agent's own copy of the rows it samples.
-        matrix = x.permute(*order).reshape(rows, cols)
-        if chosen is not None:
-            index = torch.frombuffer(bytearray(chosen), dtype=torch.int64)
-            if x.is_cuda:
-                index = index.pin_memory().to(x.device, non_blocking=True)
-            matrix = matrix.index_select(0, index)
-        else:
+        # 1. The training stream: the agent's own copy of the matrix (a reshape that
+        # could not be a view has copied it already).
+        matrix = tensor.detach().permute(*order).reshape(rows, cols)
+        if matrix._is_view():
             matrix = matrix.clone()
-        self._taken.append(_Taken(token, matrix, centered, nbytes, sketch, seed))
+        self._taken.append(_Taken(token, matrix, centered, nbytes, sketch, seed, keep))
         self._add_pending_bytes(nbytes)
         self._taken_bytes += matrix.numel() * matrix.element_size()
         if self._taken_bytes > HELD_BYTES:
@@ -298,11 +322,11 @@ class DeviceSide:
         try:
             groups: Dict[Tuple[Any, ...], List[_Taken]] = {}
             for t in launch.taken:
-                key = (t.matrix.device, tuple(t.matrix.shape), t.matrix.dtype, t.centered, t.sketch)
+                key = (t.matrix.device, t.shape(), t.matrix.dtype, t.centered, t.sketch)
                 groups.setdefault(key, []).append(t)
             chunks = []
             for items in groups.values():
-                rows, cols = items[0].matrix.shape
+                rows, cols = items[0].shape()
                 limit = SKETCH_GROUP_BYTES if items[0].sketch else GROUP_BYTES
                 per_chunk = max(1, limit // max(1, rows * cols * 4))
                 chunks += [items[first : first + per_chunk] for first in range(0, len(items), per_chunk)]
@@ -330,7 +354,7 @@ class DeviceSide:
         if device.type != "cuda":
             # The same reduction without a stream (the extension's tests run it on CPU).
             reducing = perf_counter_ns()
-            batch = torch.stack([t.matrix for t in items])
+            batch = torch.stack([t.rows() for t in items])
             trace = None
             if sketch:
                 health, matrix = health_and_matrix(batch, centered)
@@ -348,7 +372,7 @@ class DeviceSide:
             stream.wait_event(ready)
             started = torch.cuda.Event(enable_timing=True)
             started.record(stream)
-            batch = torch.stack([t.matrix for t in items]) if len(items) > 1 else items[0].matrix.unsqueeze(0)
+            batch = torch.stack([t.rows() for t in items]) if len(items) > 1 else items[0].rows().unsqueeze(0)
             host_trace = None
             if sketch:
                 health, matrix = health_and_matrix(batch, centered)

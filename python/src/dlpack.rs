@@ -4,10 +4,9 @@
 //!
 //! - [`read_host`]: an activation in host memory, viewed as the core's
 //!   [`HostActivation`] while its capsule is held;
-//! - [`PinnedGram`]: a device's reduction of a sample (the Gram matrix, in pinned host
-//!   memory), held until the metrics thread has measured it, and counted against the
-//!   pinned-memory pool's bound while held;
-//! - [`read_f64`]: a device's packed sketch summary, copied.
+//! - [`Pinned`]: a device's reduction of a sample in pinned host memory (the Gram
+//!   matrix, or the sketch's packed summary), held until the metrics thread has
+//!   measured it, and counted against the pinned-memory pool's bound while held.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dlpark::ffi::{DLDataTypeCode, DLDeviceType};
 use dlpark::python::{ImportedDlpack, from_dlpack};
 use pyo3::prelude::*;
-use rankscope_agent::sampling::{ElementType, F32Buffer, HostActivation, SampleError};
+use rankscope_agent::sampling::{ElementType, F32Buffer, F64Buffer, HostActivation, SampleError};
 
 /// DLPack's device type for CUDA-pinned host memory (`kDLCUDAHost`).
 const CUDA_HOST: DLDeviceType = DLDeviceType(3);
@@ -82,89 +81,107 @@ pub(crate) fn read_host<T>(
     Ok(f(&activation))
 }
 
-/// A copy of the `len` float64 values of a contiguous host tensor (a device's packed
-/// sketch summary), or why it is not one.
-pub(crate) fn read_f64(tensor: &Bound<'_, PyAny>, len: usize) -> Result<Vec<f64>, String> {
-    let imported = import(tensor)?;
-    let t = imported.validate().map_err(|e| e.to_string())?;
-    let dtype = t.dtype();
-    let device = t.device().device_type;
-    if (dtype.code, dtype.bits, dtype.lanes) != (DLDataTypeCode::FLOAT, 64, 1)
-        || t.shape() != [len as i64]
-        || !t.is_compact().unwrap_or(false)
-        || t.byte_offset() != 0
-        || (device != DLDeviceType::CPU && device != CUDA_HOST)
-    {
-        return Err(format!(
-            "the device side's sketch summary is not a contiguous float64 host tensor of {len} values (shape {:?})",
-            t.shape()
-        ));
-    }
-    // SAFETY: checked above: a contiguous float64 tensor of `len` elements at offset 0,
-    // which the capsule's owner keeps alive while `imported` lives (through this copy).
-    Ok(unsafe { std::slice::from_raw_parts(t.data_ptr() as *const f64, len) }.to_vec())
-}
-
-/// A device's Gram matrix in pinned host memory: float32, held through its DLPack
-/// capsule until the sample is measured. Its bytes count in `held` meanwhile.
-pub(crate) struct PinnedGram {
+/// A device's reduction of a sample in pinned host memory: a contiguous float tensor of
+/// one shape, held through its DLPack capsule until the sample is measured. Its bytes
+/// count in `held` meanwhile.
+pub(crate) struct Pinned {
     imported: ImportedDlpack,
     len: usize,
     bytes: u64,
     held: Arc<AtomicU64>,
 }
 
-impl PinnedGram {
-    /// The `side × side` float32 Gram matrix of `tensor` (contiguous), counted in `held`.
-    pub(crate) fn new(
+impl Pinned {
+    /// `tensor`, which must be a contiguous host tensor of `shape` with `bits`-bit float
+    /// elements (`what` names it in the error), counted in `held`.
+    fn new(
         tensor: &Bound<'_, PyAny>,
-        side: usize,
+        shape: &[i64],
+        bits: u8,
+        what: &str,
         held: Arc<AtomicU64>,
-    ) -> Result<PinnedGram, String> {
+    ) -> Result<Pinned, String> {
         let imported = import(tensor)?;
         {
             let t = imported.validate().map_err(|e| e.to_string())?;
             let dtype = t.dtype();
             let compact = t.is_compact().unwrap_or(false);
             let device = t.device().device_type;
-            if (dtype.code, dtype.bits, dtype.lanes) != (DLDataTypeCode::FLOAT, 32, 1)
-                || t.shape() != [side as i64, side as i64]
+            if (dtype.code, dtype.bits, dtype.lanes) != (DLDataTypeCode::FLOAT, bits, 1)
+                || t.shape() != shape
                 || !compact
                 || t.byte_offset() != 0
                 || (device != DLDeviceType::CPU && device != CUDA_HOST)
             {
                 return Err(format!(
-                    "the device side's Gram matrix is not a contiguous {side} × {side} float32 host tensor (shape {:?})",
+                    "the device side's {what} is not a contiguous float{bits} host tensor of shape {shape:?} (shape {:?})",
                     t.shape()
                 ));
             }
         }
-        let bytes = (side * side * 4) as u64;
+        let len = shape.iter().product::<i64>() as usize;
+        let bytes = (len * usize::from(bits / 8)) as u64;
         held.fetch_add(bytes, Ordering::Relaxed);
-        Ok(PinnedGram {
+        Ok(Pinned {
             imported,
-            len: side * side,
+            len,
             bytes,
             held,
         })
     }
-}
 
-impl F32Buffer for PinnedGram {
-    fn values(&self) -> &[f32] {
+    /// The `side × side` float32 Gram matrix of a sample.
+    pub(crate) fn gram(
+        tensor: &Bound<'_, PyAny>,
+        side: usize,
+        held: Arc<AtomicU64>,
+    ) -> Result<PinnedGram, String> {
+        let side = side as i64;
+        Pinned::new(tensor, &[side, side], 32, "Gram matrix", held).map(PinnedGram)
+    }
+
+    /// The sketch's packed float64 summary of `len` values.
+    pub(crate) fn summary(
+        tensor: &Bound<'_, PyAny>,
+        len: usize,
+        held: Arc<AtomicU64>,
+    ) -> Result<PinnedSummary, String> {
+        Pinned::new(tensor, &[len as i64], 64, "sketch summary", held).map(PinnedSummary)
+    }
+
+    /// Its elements as `T`, which `new` checked (`T` of `bits` bits).
+    fn values<T>(&self) -> &[T] {
         match self.imported.validate() {
-            // SAFETY: `new` checked a contiguous float32 tensor of `len` elements at
-            // offset 0, which the capsule's owner keeps alive while `imported` lives.
+            // SAFETY: `new` checked a contiguous tensor of `len` elements of T's width
+            // at offset 0, which the capsule's owner keeps alive while `imported` lives.
             Ok(t) if self.len > 0 => unsafe {
-                std::slice::from_raw_parts(t.data_ptr() as *const f32, self.len)
+                std::slice::from_raw_parts(t.data_ptr() as *const T, self.len)
             },
             _ => &[],
         }
     }
 }
 
-impl Drop for PinnedGram {
+impl Drop for Pinned {
     fn drop(&mut self) {
         self.held.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// A sample's Gram matrix in pinned memory (float32).
+pub(crate) struct PinnedGram(Pinned);
+
+impl F32Buffer for PinnedGram {
+    fn values(&self) -> &[f32] {
+        self.0.values()
+    }
+}
+
+/// A sample's packed sketch summary in pinned memory (float64).
+pub(crate) struct PinnedSummary(Pinned);
+
+impl F64Buffer for PinnedSummary {
+    fn values(&self) -> &[f64] {
+        self.0.values()
     }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyList, PyTuple};
 use rankscope_agent::sampling::MatrixPlan;
 use rankscope_agent::training::agent::PendingSample;
 use rankscope_agent::{Agent, sampling};
@@ -210,12 +210,9 @@ fn take(
                 .chain(&plan.col_axes)
                 .copied()
                 .collect();
-            let rows = (options.max_rows > 0 && plan.rows > options.max_rows).then(|| {
-                let chosen =
-                    sampling::choose_rows(plan.rows as u64, options.max_rows as u64, pending.seed);
-                let bytes: Vec<u8> = chosen.iter().flat_map(|r| r.to_le_bytes()).collect();
-                PyBytes::new(py, &bytes)
-            });
+            // The rows are drawn on the device side's thread (`choose_rows`), not here.
+            let keep =
+                (options.max_rows > 0 && plan.rows > options.max_rows).then_some(options.max_rows);
             let kept = plan.rows.min(if options.max_rows > 0 {
                 options.max_rows
             } else {
@@ -246,7 +243,7 @@ fn take(
                     order,
                     plan.rows,
                     plan.cols,
-                    rows,
+                    keep,
                     options.centered,
                     sketch,
                     seed,

@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
 use rankscope_agent::sampling::worker::JobInput;
 use rankscope_agent::sampling::{
@@ -266,12 +266,10 @@ impl NativeAgent {
         };
         self.hand_over_device(token, |side| {
             let gram = match gram {
-                Some(g) => {
-                    Some(
-                        Box::new(dlpack::PinnedGram::new(g, side, self.pinned_held.clone())?)
-                            as Box<dyn rankscope_agent::sampling::F32Buffer>,
-                    )
-                }
+                Some(g) => Some(
+                    Box::new(dlpack::Pinned::gram(g, side, self.pinned_held.clone())?)
+                        as Box<dyn rankscope_agent::sampling::F32Buffer>,
+                ),
                 None => None,
             };
             Ok(SampleData::Reduced(Reduced { health, gram, side }))
@@ -302,18 +300,20 @@ impl NativeAgent {
             sum_sq,
             zeros,
         };
-        self.hand_over_device(token, |side| {
-            let summary = match packed {
-                Some(p) => {
-                    let values = dlpack::read_f64(p, KrylovSummary::packed_len())?;
-                    KrylovSummary::from_packed(side, &values).map(Box::new)
-                }
+        self.hand_over_device(token, |_side| {
+            let packed = match packed {
+                Some(p) => Some(Box::new(dlpack::Pinned::summary(
+                    p,
+                    KrylovSummary::packed_len(),
+                    self.pinned_held.clone(),
+                )?)
+                    as Box<dyn rankscope_agent::sampling::F64Buffer>),
                 None => None,
             };
             Ok(SampleData::Sketched(Sketched {
                 health,
                 trace,
-                summary,
+                packed,
             }))
         });
     }
@@ -637,6 +637,20 @@ fn init_logging() {
     }
 }
 
+/// The rows of `rows` that a sample capped at `keep` rows draws from `seed`, sorted, as
+/// little-endian int64 bytes: the core's `choose_rows`, which the host path draws too,
+/// computed without holding the interpreter (the device side's thread calls it).
+#[pyfunction]
+fn choose_rows(py: Python<'_>, rows: u64, keep: u64, seed: u64) -> Bound<'_, PyBytes> {
+    let bytes: Vec<u8> = py.detach(|| {
+        rankscope_agent::sampling::choose_rows(rows, keep, seed)
+            .iter()
+            .flat_map(|r| r.to_le_bytes())
+            .collect()
+    });
+    PyBytes::new(py, &bytes)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -654,6 +668,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TorchSide>()?;
     m.add_class::<Report>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(choose_rows, m)?)?;
     m.add_function(wrap_pyfunction!(empty_report, m)?)?;
     Ok(())
 }

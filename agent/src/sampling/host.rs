@@ -34,7 +34,6 @@ use half::{bf16, f16};
 
 use super::options::ConvLayout;
 use super::prepare::choose_rows;
-use super::sketch::KrylovSummary;
 
 /// The element types an activation may have on the host. Anything else (integers,
 /// booleans, complex, quantized) cannot be measured.
@@ -363,6 +362,17 @@ impl F32Buffer for Vec<f32> {
     }
 }
 
+/// The same for float64 values (a device's packed sketch summary).
+pub trait F64Buffer: Send {
+    fn values(&self) -> &[f64];
+}
+
+impl F64Buffer for Vec<f64> {
+    fn values(&self) -> &[f64] {
+        self
+    }
+}
+
 /// The sums the health columns follow from, over the finite elements of a sample.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HealthSums {
@@ -399,12 +409,22 @@ impl fmt::Debug for Reduced {
 
 /// A sample a device reduced for the sketch ([`crate::sampling::sketch`]): its health
 /// sums, Σλ (the trace of its Gram matrix, centred when centring is on) and the Krylov
-/// process it ran, or none when some element is not finite (no spectrum then).
-#[derive(Debug)]
+/// process it ran, packed in [`super::sketch::KrylovSummary::from_packed`]'s order and read on the
+/// metrics thread, or none when some element is not finite (no spectrum then).
 pub struct Sketched {
     pub health: HealthSums,
     pub trace: f64,
-    pub summary: Option<Box<KrylovSummary>>,
+    pub packed: Option<Box<dyn F64Buffer>>,
+}
+
+impl fmt::Debug for Sketched {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sketched")
+            .field("health", &self.health)
+            .field("trace", &self.trace)
+            .field("packed", &self.packed.as_ref().map(|p| p.values().len()))
+            .finish()
+    }
 }
 
 /// What a sample holds: the matrix itself, or a device's reduction of it (its Gram

@@ -22,7 +22,7 @@ use super::gram::GramOperator;
 use super::health::{Health, sums};
 use super::host::{HostActivation, HostSample, SampleData, read_sample};
 use super::options::{MatrixOptions, Method, SketchPolicy, SpectrumOptions, Unvouched};
-use super::sketch::{sketch_spectral, sketch_summarized};
+use super::sketch::{KrylovSummary, sketch_spectral, sketch_summarized};
 use super::spectral::{Spectral, SpectralErrors};
 
 /// Everything one layers row needs besides identity and timing.
@@ -121,21 +121,25 @@ pub fn measure_with(
             (Health::from_sums(&reduced.health), spectral)
         }
         SampleData::Sketched(sketched) => {
-            let spectral = match &sketched.summary {
-                Some(summary) if summary.side != n.min(d) => {
-                    tracing::warn!(
-                        side = summary.side,
-                        n,
-                        d,
-                        "a sketched sample's Krylov summary does not match its shape"
-                    );
-                    None
-                }
-                Some(summary) if sketched.health.nonfinite == 0 => {
-                    // The device ran the sketch: no Gram matrix here to fall back to, so a
-                    // column the sketch cannot vouch for is null.
-                    let sketch = sketch_summarized(summary, sketched.trace, policy.goal);
-                    Some((Method::Sketch, sketch.spectral, sketch.errors))
+            let spectral = match &sketched.packed {
+                Some(packed) if sketched.health.nonfinite == 0 => {
+                    // Read here, off the training thread that handed it over.
+                    match KrylovSummary::from_packed(n.min(d), packed.values()) {
+                        Some(summary) => {
+                            // The device ran the sketch: no Gram matrix here to fall back
+                            // to, so a column the sketch cannot vouch for is null.
+                            let sketch = sketch_summarized(&summary, sketched.trace, policy.goal);
+                            Some((Method::Sketch, sketch.spectral, sketch.errors))
+                        }
+                        None => {
+                            tracing::warn!(
+                                values = packed.values().len(),
+                                expected = KrylovSummary::packed_len(),
+                                "a sketched sample's packed Krylov summary has the wrong length"
+                            );
+                            None
+                        }
+                    }
                 }
                 _ => None,
             };

@@ -7,7 +7,7 @@
 //! - [`prepare`]: the seed of a sample and the rows it draws;
 //! - [`host`]: what an adapter hands over (an activation in host memory, read into a
 //!   sample here on the training thread, or a device's reduction of it: its Gram
-//!   matrix, or the sketch's [`sketch::KrylovSummary`]) and the activation → matrix
+//!   matrix, or the sketch's [`sketch::KrylovSummary`], packed) and the activation → matrix
 //!   table;
 //! - [`buffers`]: the reused buffers samples are read into;
 //! - [`measure`]: a sample → its `layers` metrics, on the metrics thread, using
@@ -43,7 +43,7 @@ pub mod worker;
 mod tests;
 
 pub use host::{
-    ElementType, F32Buffer, HealthSums, HostActivation, HostSample, MatrixPlan, Reduced,
+    ElementType, F32Buffer, F64Buffer, HealthSums, HostActivation, HostSample, MatrixPlan, Reduced,
     SampleData, SampleError, SampleMatrix, Sketched, read_sample,
 };
 pub use measure::{LayerMetrics, compute, measure, measure_with};

@@ -449,6 +449,46 @@ fn row_choice_is_uniform() {
     assert_eq!(choose_rows(5, 5, 1), vec![0, 1, 2, 3, 4]);
 }
 
+/// Both of [`choose_rows`]'s forms, the shuffled array and the displaced entries, draw
+/// the rows the partial Fisher–Yates shuffle defines (written out here with a map of
+/// every position), on either side of the switch between them.
+#[test]
+fn row_choice_is_the_same_shuffle_whatever_its_form() {
+    let reference = |n: u64, k: u64, seed: u64| -> Vec<i64> {
+        let mut rng = crate::sampling::spectral::SplitMix64(seed);
+        let mut at = std::collections::BTreeMap::new();
+        let mut chosen: Vec<i64> = (0..k.min(n))
+            .map(|i| {
+                let j = i + rng.below(n - i);
+                let at_i = *at.get(&i).unwrap_or(&i);
+                let at_j = *at.get(&j).unwrap_or(&j);
+                at.insert(j, at_i);
+                at_j as i64
+            })
+            .collect();
+        chosen.sort_unstable();
+        chosen
+    };
+    let factor = crate::sampling::prepare::DENSE_ROWS_FACTOR;
+    for (n, k) in [
+        (8192, 4096),
+        (10, 3),
+        (16 * 64, 64),
+        (16 * 64 + 1, 64),
+        (100_000, 4096),
+        (1 << 33, 50),
+        (7, 0),
+    ] {
+        for seed in [0, 1, 0x5eed, u64::MAX] {
+            assert_eq!(
+                choose_rows(n, k, seed),
+                reference(n, k, seed),
+                "n {n}, k {k}, seed {seed} (dense up to {factor}·k)"
+            );
+        }
+    }
+}
+
 #[test]
 fn sample_seed_is_stable() {
     assert_eq!(
