@@ -8,7 +8,7 @@
 #    beside the torch already there), then the wheel installed into a folder of its own
 #    (--no-deps --target), what the extension links, and `import rankscope`;
 # 2. the device side's numbers against the float64 oracle (gpu_accuracy.py);
-# 3. the agent's cost on the GPT, 3 interleaved rounds, with a profiled window
+# 3. the agent's cost on the GPT, 2 interleaved rounds of its 7 arms, with a profiled window
 #    (gpu_overhead.py);
 # 4. one DDP rank under torchrun (NCCL) sending to a collector: the rows that landed;
 # 5. the cost again at a row cap of 256, where the metrics thread keeps up better
@@ -51,8 +51,8 @@ EOF
     part "accuracy against the float64 oracle"
     timeout 90 $py python/benches/gpu_accuracy.py --out "$work/accuracy" || echo "accuracy: exit $?"
 
-    part "overhead: 3 rounds, profiled"
-    timeout 400 $py python/benches/gpu_overhead.py --rounds 3 --profile --profile-out "$out" || echo "overhead: exit $?"
+    part "overhead: 2 rounds, profiled"
+    timeout 380 $py python/benches/gpu_overhead.py --rounds 2 --profile --profile-out "$out" || echo "overhead: exit $?"
 
     part "one DDP rank under torchrun, to a collector"
     rankscope collector --listen 127.0.0.1:0 --out "$work/ddp" >"$work/collector.log" 2>&1 &

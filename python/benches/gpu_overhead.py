@@ -1,6 +1,6 @@
 """The agent's cost on a GPU, as the user feels it: wall time per step of a GPT
 (d 1024, 8 blocks, sequence 512, batch 16, bf16 autocast, fused AdamW; 52 watched
-layers) in six arms, each its own process, interleaved over rounds so drifts of the
+layers) in seven arms, each its own process, interleaved over rounds so drifts of the
 machine hit every arm alike:
 
 - ``none``: no agent;
@@ -8,6 +8,7 @@ machine hit every arm alike:
 - ``full@10``: every 10th step sampled, budget 100 % (every planned sample taken);
 - ``full@10-inline``: the same with ``RANKSCOPE_DEVICE_THREAD=0``: the training thread,
   not the agent's thread, issues the device side's reductions;
+- ``full@10-2threads``: ``full@10`` with two metrics threads (``RANKSCOPE_METRICS_THREADS=2``);
 - ``full@1``: every step sampled, budget 100 %;
 - ``default``: every 10th step at the default budget (2 %).
 
@@ -53,6 +54,7 @@ ARMS = {
     "steps": {"mode": "steps"},
     "full@10": {"sample_every": 10, "overhead_budget": 1.0},
     "full@10-inline": {"sample_every": 10, "overhead_budget": 1.0, "env": {"RANKSCOPE_DEVICE_THREAD": "0"}},
+    "full@10-2threads": {"sample_every": 10, "overhead_budget": 1.0, "env": {"RANKSCOPE_METRICS_THREADS": "2"}},
     "full@1": {"sample_every": 1, "overhead_budget": 1.0},
     "default": {"sample_every": 10},
 }

@@ -517,6 +517,33 @@ def test_the_device_side_waits_for_the_step_end_up_to_its_held_bytes(monkeypatch
         assert native.device_samples == 3 and not side._taken and not side._pending
 
 
+def test_several_metrics_threads_measure_every_sample_once(tmp_path):
+    """RANKSCOPE_METRICS_THREADS=3: three threads take samples from one queue; every
+    sample taken is measured once, and their CPU time together is the agent's."""
+    collector = Collector(tmp_path / "threads")
+    os.environ["RANKSCOPE_METRICS_THREADS"] = "3"
+    try:
+        agent = rankscope.init(collector=collector.addr, run_id="threads", sample_every=1, overhead_budget="100%")
+        g = torch.Generator().manual_seed(4)
+        inputs = {f"layer{i}": torch.randn(300, 48, generator=g) * (i + 1) for i in range(6)}
+        for step in range(6):
+            with agent.step(step):
+                for name, x in inputs.items():
+                    agent.observe(name, x)
+        taken, dropped, _skipped = agent.samples()
+        overhead = agent.overhead()
+        assert agent.finish().complete
+    finally:
+        del os.environ["RANKSCOPE_METRICS_THREADS"]
+    assert collector.stop() == 0
+    assert taken >= 6 and dropped == 0, (taken, dropped)
+    found = duckdb(
+        f"select count(*), count(distinct (step, layer)), count(stable_rank) from {table(collector.out, 'layers')}"
+    )
+    assert found == f"{taken},{taken},{taken}", (found, taken)
+    assert overhead["metrics_thread_ms"] > 0, overhead
+
+
 def test_the_device_sides_thread_reduces_every_sample_and_counts_its_time():
     """On the device side's own thread (as on a GPU; here without a stream) a launch
     returns before its reduction: every sample is handed over once, by a later poll or

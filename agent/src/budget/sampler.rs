@@ -192,10 +192,10 @@ impl Overhead {
 pub(crate) struct WorkerCounters {
     /// Samples the worker is done with (measured or skipped at finish).
     pub done: AtomicU64,
-    /// The worker thread's CPU time, as it last read its own clock, less its
-    /// warm-up.
+    /// The metrics threads' CPU time, as each last read its own clock, less their
+    /// warm-ups.
     pub cpu_ns: AtomicU64,
-    /// The worker thread's CPU time up to the end of its warm-up (its start
+    /// The metrics threads' CPU time up to the end of their warm-ups (their starts
     /// included): one-time set-up at `init`, left out of the budget on both sides.
     pub warm_up_ns: AtomicU64,
     /// Its CPU time at the end of its first sample (its start included).

@@ -38,6 +38,10 @@ pub enum ConfigError {
     SampleEvery,
     #[error("{RANKSCOPE_MAX_ROWS}=0: the row cap must be at least 1")]
     MaxRows,
+    #[error(
+        "{RANKSCOPE_METRICS_THREADS}={0}: give between 1 and {MAX_METRICS_THREADS} metrics threads (default {DEFAULT_METRICS_THREADS})"
+    )]
+    MetricsThreads(usize),
     #[error("{var}={value:?} is not a boolean: use 1/0, true/false, yes/no")]
     Bool { var: &'static str, value: String },
     #[error("{RANKSCOPE_CONV_LAYOUT}={0:?} is not a layout: use channelwise or flatten")]

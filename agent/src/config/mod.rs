@@ -29,6 +29,7 @@
 //! | `RANKSCOPE_CENTER` | centre columns before the spectrum (`1`/`0`) | `0` |
 //! | `RANKSCOPE_CONV_LAYOUT` | `channelwise` or `flatten` | `channelwise` |
 //! | `RANKSCOPE_SPECTRUM` | `auto`, `exact` or `sketch`: how the spectral columns are computed (`auto` sketches matrices with at least `RANKSCOPE_SKETCH_THRESHOLD` rows and columns; the `layers.method` column says which ran) | `auto` |
+//! | `RANKSCOPE_METRICS_THREADS` | threads that measure samples (each a core at most; the overhead budget holds their CPU time together) | `1` |
 //! | `RANKSCOPE_SKETCH_THRESHOLD` | the smaller side (min of rows and columns) from which `auto` sketches | `1536`; `1024` where a GPU runs the sketch's Krylov process (the Python package) |
 //! | `RANKSCOPE_OVERHEAD_BUDGET` | the agent's share, held on three shares: of the process's CPU time (its threads' CPU clocks plus its time on the training thread, over a sliding window), and of the wall time, its device time and the observed slowdown of the steps; planned samples it has no room for are skipped, and counted, and one sampled step every 100 steps is taken within 2.5 times the budget (see [`crate::budget`]); `100%` takes every planned sample | `2%` |
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
@@ -95,6 +96,8 @@ pub struct AgentConfig {
     /// The same where a device runs the sketch's Krylov process: the value set, or
     /// [`DEFAULT_DEVICE_SKETCH_THRESHOLD`].
     pub device_sketch_threshold: usize,
+    /// `RANKSCOPE_METRICS_THREADS`.
+    pub metrics_threads: usize,
     /// How long `finish()` waits for the collector to acknowledge everything.
     pub finish_timeout: Duration,
     /// Rows the training thread may queue before rows are dropped (and counted).
@@ -165,6 +168,7 @@ pub struct AgentConfigBuilder {
     pub conv_layout: Option<String>,
     pub spectrum: Option<SpectrumMode>,
     pub sketch_threshold: Option<usize>,
+    pub metrics_threads: Option<usize>,
     pub finish_timeout: Option<Duration>,
     pub queue_rows: Option<usize>,
     pub workload: Option<String>,
@@ -200,6 +204,7 @@ impl AgentConfigBuilder {
     setter!(conv_layout: String);
     setter!(spectrum: SpectrumMode);
     setter!(sketch_threshold: usize);
+    setter!(metrics_threads: usize);
     setter!(finish_timeout: Duration);
     setter!(queue_rows: usize);
     setter!(workload: String);
@@ -333,6 +338,18 @@ impl AgentConfigBuilder {
             .map(|n| n as usize),
         };
         let device_sketch_threshold = sketch_threshold.unwrap_or(DEFAULT_DEVICE_SKETCH_THRESHOLD);
+        let metrics_threads = match self.metrics_threads {
+            Some(n) => n,
+            None => number(
+                &env,
+                RANKSCOPE_METRICS_THREADS,
+                "how many threads measure samples, e.g. 2",
+            )?
+            .map_or(DEFAULT_METRICS_THREADS, |n| n as usize),
+        };
+        if !(1..=MAX_METRICS_THREADS).contains(&metrics_threads) {
+            return Err(ConfigError::MetricsThreads(metrics_threads));
+        }
         let sketch_threshold = sketch_threshold.unwrap_or(DEFAULT_SKETCH_THRESHOLD);
         let spill_dir = match self.spill_dir.clone() {
             Some(dir) => dir,
@@ -396,6 +413,7 @@ impl AgentConfigBuilder {
             spectrum,
             sketch_threshold,
             device_sketch_threshold,
+            metrics_threads,
             finish_timeout: self.finish_timeout.unwrap_or(DEFAULT_FINISH_TIMEOUT),
             queue_rows: self.queue_rows.unwrap_or(DEFAULT_QUEUE_ROWS),
             workload: self.workload.clone().unwrap_or_default(),

@@ -156,6 +156,14 @@ fn inconsistent_values_name_the_variable_and_the_fix() {
             "RANKSCOPE_SKETCH_THRESHOLD=\"4k\" is not a whole number",
         ),
         (
+            &[(RANKSCOPE_METRICS_THREADS, "0")],
+            "RANKSCOPE_METRICS_THREADS=0: give between 1 and 64 metrics threads (default 1)",
+        ),
+        (
+            &[(RANKSCOPE_METRICS_THREADS, "two")],
+            "RANKSCOPE_METRICS_THREADS=\"two\" is not a whole number",
+        ),
+        (
             &[(RANKSCOPE_TLS_CA, "no-such-ca.pem")],
             "cannot read RANKSCOPE_TLS_CA=\"no-such-ca.pem\"",
         ),
@@ -283,6 +291,9 @@ fn spectrum_settings() {
         (SpectrumMode::Sketch, 2048, 2048)
     );
     assert_eq!(SpectrumMode::parse("exact"), Some(SpectrumMode::Exact));
+    assert_eq!(c.metrics_threads, DEFAULT_METRICS_THREADS);
+    let c = build(&[(RANKSCOPE_METRICS_THREADS, " 3 ")]).unwrap();
+    assert_eq!(c.metrics_threads, 3);
 }
 
 #[test]

@@ -29,6 +29,7 @@ pub const RANKSCOPE_CENTER: &str = "RANKSCOPE_CENTER";
 pub const RANKSCOPE_CONV_LAYOUT: &str = "RANKSCOPE_CONV_LAYOUT";
 pub const RANKSCOPE_SPECTRUM: &str = "RANKSCOPE_SPECTRUM";
 pub const RANKSCOPE_SKETCH_THRESHOLD: &str = "RANKSCOPE_SKETCH_THRESHOLD";
+pub const RANKSCOPE_METRICS_THREADS: &str = "RANKSCOPE_METRICS_THREADS";
 pub const RANKSCOPE_ON_CONFIG_ERROR: &str = "RANKSCOPE_ON_CONFIG_ERROR";
 pub const RANKSCOPE_TOKEN: &str = "RANKSCOPE_TOKEN";
 pub const RANKSCOPE_SPILL_DIR: &str = "RANKSCOPE_SPILL_DIR";
@@ -53,6 +54,11 @@ pub const DEFAULT_SKETCH_THRESHOLD: usize = 1536;
 /// a GPT's 1,024-wide layers sampled every 10 steps would outrun the metrics thread
 /// (`docs/metrics.md`, "Method"). `RANKSCOPE_SKETCH_THRESHOLD` sets both.
 pub const DEFAULT_DEVICE_SKETCH_THRESHOLD: usize = 1024;
+/// Metrics threads: one, the CPU-share budget's unit. More measure more samples at once
+/// where a rank has cores to spare (a GPU job); the budget holds their CPU time together.
+pub const DEFAULT_METRICS_THREADS: usize = 1;
+/// The most metrics threads a rank may ask for.
+pub const MAX_METRICS_THREADS: usize = 64;
 pub const DEFAULT_FINISH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The default spill root: `rankscope-spill-$USER` in the temporary directory (one

@@ -1,5 +1,6 @@
 //! The metrics worker: a thread that turns samples into `layers` rows, so the spectra
-//! never run on the training thread.
+//! never run on the training thread (`RANKSCOPE_METRICS_THREADS` of them, one by
+//! default, take jobs from one queue; what is said of the thread holds for each).
 //!
 //! The training thread reads each sample once (into a buffer of the agent's,
 //! [`super::host`]), or an adapter hands over what a device reduced it to, and the
@@ -18,9 +19,9 @@
 //! and left out of the overhead budget, which then learns what a sample costs from a
 //! first sample that costs what later ones do.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -119,101 +120,65 @@ pub(crate) fn warm_up(centered: bool, spectrum: &SpectrumOptions) {
     }
 }
 
-/// The worker thread and its queue.
+/// The metrics threads and their queue.
 #[derive(Debug)]
 pub struct Worker {
     queue: Option<Sender<Job>>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
     /// Set when [`Worker::finish`] gives up waiting: queued jobs are skipped.
     abandon: Arc<AtomicBool>,
 }
 
 impl Worker {
-    /// Starts the thread; it counts the jobs it is done with, its CPU time, and
-    /// the jobs it skips at finish (dropped) in `counters`.
-    /// Measured samples' buffers go back to `buffers`.
+    /// Starts `threads` metrics threads (at least one) on one queue; they count the
+    /// jobs they are done with, their CPU time together, and the jobs they skip at
+    /// finish (dropped) in `counters`. Measured samples' buffers go back to `buffers`.
     pub(crate) fn start(
         transport: Arc<Transport>,
         centered: bool,
         spectrum: SpectrumOptions,
+        threads: usize,
         counters: Arc<WorkerCounters>,
         buffers: Arc<SampleBuffers>,
     ) -> std::io::Result<Worker> {
         // Unbounded as a channel: the training side admits a step only when the
         // queue has room for all its samples (`Sampler::decide`), which bounds it.
         let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
         let abandon = Arc::new(AtomicBool::new(false));
-        let abandoned = abandon.clone();
-        let thread = std::thread::Builder::new()
-            .name("rankscope-metrics".into())
-            .spawn(move || {
-                warm_up(centered, &spectrum);
-                // The warm-up (and the thread's start) is the agent's set-up, not a
-                // sample's cost: the CPU time reported from here on leaves it out.
-                let warm_up_ns = cpu_clock::this_thread_ns().unwrap_or(0);
-                counters.warm_up_ns.store(warm_up_ns, Ordering::Relaxed);
-                let report_cpu = || {
-                    if let Some(ns) = cpu_clock::this_thread_ns() {
-                        counters
-                            .cpu_ns
-                            .store(ns.saturating_sub(warm_up_ns), Ordering::Relaxed);
-                    }
-                };
-                for job in rx {
-                    if abandoned.load(Ordering::Relaxed) {
-                        counters.dropped.fetch_add(1, Ordering::Relaxed);
-                        counters.done.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    let started = Instant::now();
-                    let sample = match job.input {
-                        JobInput::Ready(sample) => Ok(sample),
-                        JobInput::Deferred(deferred) => deferred.read(buffers.take(&job.layer)),
-                    };
-                    let mut sample = match sample {
-                        Ok(sample) => sample,
-                        Err(error) => {
-                            transport.send(Row::Event(EventRow {
-                                time: job.time,
-                                kind: crate::rows::event_kind::SAMPLE_UNREADABLE.into(),
-                                message: format!("layer {}: {error}", job.layer),
-                                value: None,
-                                step: Some(job.step),
-                            }));
-                            counters.dropped.fetch_add(1, Ordering::Relaxed);
-                            counters.done.fetch_add(1, Ordering::Relaxed);
-                            report_cpu();
-                            continue;
-                        }
-                    };
-                    let m = measure(&mut sample, centered, &spectrum);
-                    let compute_ms = started.elapsed().as_secs_f64() * 1e3;
-                    if let Some(buffer) = sample.into_buffer() {
-                        buffers.give_back(&job.layer, buffer);
-                    }
-                    if m.nonfinite > 0 {
-                        transport.send(Row::Event(EventRow {
-                            time: job.time,
-                            kind: crate::rows::event_kind::NONFINITE_ACTIVATION.into(),
-                            message: format!("layer {} has NaN or Inf values", job.layer),
-                            value: Some(m.nonfinite as i64),
-                            step: Some(job.step),
-                        }));
-                    }
-                    transport.send(Row::Layer(
-                        m.into_layer_row(job.step, job.time, job.layer, compute_ms),
-                    ));
-                    report_cpu();
-                    if counters.done.fetch_add(1, Ordering::Relaxed) == 0 {
-                        let first = counters.cpu_ns.load(Ordering::Relaxed);
-                        counters.first_ns.store(first, Ordering::Relaxed);
-                    }
+        let threads = threads.max(1);
+        let mut handles = Vec::with_capacity(threads);
+        for index in 0..threads {
+            let name = if threads == 1 {
+                "rankscope-metrics".to_string()
+            } else {
+                format!("rankscope-metrics-{index}")
+            };
+            let thread = Measuring {
+                transport: transport.clone(),
+                centered,
+                spectrum,
+                counters: counters.clone(),
+                buffers: buffers.clone(),
+                abandon: abandon.clone(),
+            };
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new().name(name).spawn(move || {
+                thread.run(|| rx.lock().unwrap_or_else(|e| e.into_inner()).recv().ok());
+            });
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                // One thread measures as well, only slower.
+                Err(error) if !handles.is_empty() => {
+                    tracing::warn!(%error, started = handles.len(), "could not start every metrics thread");
+                    break;
                 }
-                report_cpu();
-            })?;
+                Err(error) => return Err(error),
+            }
+        }
         Ok(Worker {
             queue: Some(tx),
-            thread: Some(thread),
+            threads: handles,
             abandon,
         })
     }
@@ -224,28 +189,122 @@ impl Worker {
         self.queue.clone()
     }
 
-    /// Measures the queued jobs and stops the thread (once every sender is
-    /// dropped). Past `wait` (a worker starved of CPU time by other processes),
+    /// Measures the queued jobs and stops the threads (once every sender is
+    /// dropped). Past `wait` (workers starved of CPU time by other processes),
     /// the jobs still queued are skipped (and counted as dropped) rather than
     /// hold up the caller.
     pub fn finish(&mut self, wait: Duration) {
         self.queue = None;
-        let Some(thread) = self.thread.take() else {
+        let threads = std::mem::take(&mut self.threads);
+        if threads.is_empty() {
             return;
-        };
+        }
         let deadline = Instant::now() + wait;
-        while !thread.is_finished() && Instant::now() < deadline {
+        while !threads.iter().all(JoinHandle::is_finished) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        if !thread.is_finished() {
+        if !threads.iter().all(JoinHandle::is_finished) {
             tracing::warn!(
                 "the metrics worker had not measured its queued samples when finish stopped waiting ({:.1} s): they are dropped (counted in the samples_dropped event)",
                 wait.as_secs_f64()
             );
-            // Skipping is instant; only a sample already being measured is waited for.
+            // Skipping is instant; only samples already being measured are waited for.
             self.abandon.store(true, Ordering::Relaxed);
         }
-        let _ = thread.join();
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What one metrics thread holds.
+struct Measuring {
+    transport: Arc<Transport>,
+    centered: bool,
+    spectrum: SpectrumOptions,
+    counters: Arc<WorkerCounters>,
+    buffers: Arc<SampleBuffers>,
+    abandon: Arc<AtomicBool>,
+}
+
+impl Measuring {
+    /// Warms up, then measures the jobs `next` gives until it gives none, adding this
+    /// thread's CPU time to the counters after each.
+    fn run(self, next: impl Fn() -> Option<Job>) {
+        let Measuring {
+            transport,
+            centered,
+            spectrum,
+            counters,
+            buffers,
+            abandon,
+        } = self;
+        warm_up(centered, &spectrum);
+        // The warm-up (and the thread's start) is the agent's set-up, not a sample's
+        // cost: the CPU time reported from here on leaves it out.
+        let warm_up_ns = cpu_clock::this_thread_ns().unwrap_or(0);
+        counters.warm_up_ns.fetch_add(warm_up_ns, Ordering::Relaxed);
+        let mut reported = 0u64;
+        let mut report_cpu = || {
+            if let Some(ns) = cpu_clock::this_thread_ns() {
+                let spent = ns.saturating_sub(warm_up_ns);
+                counters
+                    .cpu_ns
+                    .fetch_add(spent.saturating_sub(reported), Ordering::Relaxed);
+                reported = reported.max(spent);
+            }
+        };
+        while let Some(job) = next() {
+            if abandon.load(Ordering::Relaxed) {
+                counters.dropped.fetch_add(1, Ordering::Relaxed);
+                counters.done.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let started = Instant::now();
+            let sample = match job.input {
+                JobInput::Ready(sample) => Ok(sample),
+                JobInput::Deferred(deferred) => deferred.read(buffers.take(&job.layer)),
+            };
+            let mut sample = match sample {
+                Ok(sample) => sample,
+                Err(error) => {
+                    transport.send(Row::Event(EventRow {
+                        time: job.time,
+                        kind: crate::rows::event_kind::SAMPLE_UNREADABLE.into(),
+                        message: format!("layer {}: {error}", job.layer),
+                        value: None,
+                        step: Some(job.step),
+                    }));
+                    counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    counters.done.fetch_add(1, Ordering::Relaxed);
+                    report_cpu();
+                    continue;
+                }
+            };
+            let m = measure(&mut sample, centered, &spectrum);
+            let compute_ms = started.elapsed().as_secs_f64() * 1e3;
+            if let Some(buffer) = sample.into_buffer() {
+                buffers.give_back(&job.layer, buffer);
+            }
+            if m.nonfinite > 0 {
+                transport.send(Row::Event(EventRow {
+                    time: job.time,
+                    kind: crate::rows::event_kind::NONFINITE_ACTIVATION.into(),
+                    message: format!("layer {} has NaN or Inf values", job.layer),
+                    value: Some(m.nonfinite as i64),
+                    step: Some(job.step),
+                }));
+            }
+            transport.send(Row::Layer(
+                m.into_layer_row(job.step, job.time, job.layer, compute_ms),
+            ));
+            report_cpu();
+            if counters.done.fetch_add(1, Ordering::Relaxed) == 0 {
+                let first = counters.cpu_ns.load(Ordering::Relaxed);
+                counters.first_ns.store(first, Ordering::Relaxed);
+            }
+        }
+        report_cpu();
     }
 }
 

@@ -145,6 +145,7 @@ impl Recorder {
                 transport.clone(),
                 config.centered,
                 options.spectrum,
+                config.metrics_threads,
                 sampler.worker.clone(),
                 buffers.clone(),
             )?;
