@@ -1,10 +1,10 @@
 """The training thread's time per sampled step on the device path, in its three parts:
-the hooks (each sample's row copy and its submission), the step end's launch (with the
-device side's own thread, a hand-off), and the hand-over of completed reductions to the
-extension at a later step's end (``poll``). Here on the CPU the device side runs
-without a stream, on its thread, and the hand-over is timed once that thread is done,
-so the reductions' own cost is left out: what remains is what a GPU job's training
-thread pays.
+the hooks (each sample's copy and its submission), the step end's launch (with the
+device side's own thread, a hand-off), and ``poll`` at a later step's end (which hands
+completed reductions to the extension where no device-side thread does it). Here on
+the CPU the device side runs without a stream, on its thread, and ``poll`` is timed
+once that thread is done, so the reductions' own cost is left out: what remains is
+what a GPU job's training thread pays.
 
     python python/benches/device_handover.py [--samples 12] [--rows 600] [--cols 560] [--spectrum sketch]
 
@@ -48,7 +48,7 @@ def main() -> None:
     side = through_device_side(agent, threaded=True)
     g = torch.Generator().manual_seed(1)
     inputs = {f"layer{i}": torch.randn(args.rows, args.cols, generator=g) for i in range(args.samples)}
-    parts: dict = {"hooks": [], "launch": [], "hand-over": []}
+    parts: dict = {"hooks": [], "launch": [], "poll": []}
     for step in range(args.steps):
         with agent.step(step):
             started = time.perf_counter_ns()
@@ -62,7 +62,7 @@ def main() -> None:
         side._work.join()
         started = time.perf_counter_ns()
         side.poll()
-        parts["hand-over"].append(time.perf_counter_ns() - started)
+        parts["poll"].append(time.perf_counter_ns() - started)
         # The next step starts with the metrics thread idle, as in a run that keeps up.
         while agent._native.queued_samples():
             time.sleep(0.02)

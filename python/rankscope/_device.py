@@ -32,9 +32,12 @@ here, in torch operations:
    process's small matrices, about 1 MiB a sample, are copied to the host (the Gram
    matrix is 64 MiB at 4,096 × 4,096): the metrics thread then does only the sketch's
    small dense algebra;
-3. when that event has completed (``poll``, at a later step's end, a non-blocking
-   query), the pinned buffers go to the extension, whose metrics thread measures
-   them (eigenvalues in float64 on the host, or the sketch's analysis).
+3. when that event has completed (a non-blocking query: the agent's thread looks
+   every ``HAND_OVER_POLL_S`` while reductions are pending; without it, ``poll`` at a
+   later step's end), the pinned buffers go to the extension, whose metrics thread
+   measures them (eigenvalues in float64 on the host, or the sketch's analysis). With
+   the agent's thread, a sampled step costs the training thread its copies, an event
+   and a hand-off (``python/benches/device_handover.py``).
 
 An error in a reduction (out of device memory, say) does not reach the training loop:
 its samples are handed over as failed, counted as dropped with the error's first line.
@@ -85,6 +88,10 @@ GROUP_BYTES = 64 << 20
 SKETCH_GROUP_BYTES = 256 << 20
 # The most bytes of row copies that wait for the step's end before their reduction starts.
 HELD_BYTES = 256 << 20
+# How often the agent's thread looks for completed reductions while some are pending.
+HAND_OVER_POLL_S = 0.001
+# What stops the agent's thread (after every launch before it).
+_STOP = object()
 
 
 def threaded_from_env() -> bool:
@@ -212,13 +219,15 @@ class DeviceSide:
         self._taken: List[_Taken] = []
         self._taken_bytes = 0
         self._pending: Deque[_Pending] = deque()
+        # Held while handing over: the agent's thread and, without it, poll() do.
+        self._handing_over = threading.Lock()
         # Guards _pending_bytes, changed by the training thread and the agent's thread.
         self._lock = threading.Lock()
         self._pending_bytes = 0
         # The device types whose reductions the agent's thread issues (the tests add
         # "cpu" to run that path without a GPU).
         self.threaded_devices = {"cuda"} if (threaded_from_env() if threaded is None else threaded) else set()
-        self._work: "queue.Queue[Optional[_Launch]]" = queue.Queue()
+        self._work: "queue.Queue[Any]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
 
     def _stream(self, device: torch.device) -> Any:
@@ -301,19 +310,27 @@ class DeviceSide:
             self._reduce_all(_Launch(inline, ready))
 
     def _run(self) -> None:
-        """The agent's thread: issues each launch's reductions in order. Its CPU time
-        is the agent's (the overhead budget's CPU share)."""
+        """The agent's thread: issues each launch's reductions in order, and hands
+        completed ones to the extension (looking every ``HAND_OVER_POLL_S`` while some
+        are pending; a non-blocking query, no wait on the device). Its CPU time is the
+        agent's (the overhead budget's CPU share)."""
         while True:
-            launch = self._work.get()
             try:
-                if launch is None:
+                launch = self._work.get(timeout=HAND_OVER_POLL_S if self._pending else None)
+            except queue.Empty:
+                launch = None
+            started = thread_time_ns()
+            try:
+                if launch is _STOP:
                     return
-                started = thread_time_ns()
-                # Hands every sample over, reduced or failed; raises nothing of its own.
-                self._reduce_all(launch)
-                self._native.add_thread_ns(thread_time_ns() - started)
+                if launch is not None:
+                    # Hands every sample over, reduced or failed; raises nothing of its own.
+                    self._reduce_all(launch)
+                self._hand_over_completed()
             finally:
-                self._work.task_done()
+                if launch is not None:
+                    self._work.task_done()
+                self._native.add_thread_ns(thread_time_ns() - started)
 
     def _reduce_all(self, launch: _Launch) -> None:
         """One reduction per group of samples alike in device, shape, type, centring and
@@ -404,21 +421,27 @@ class DeviceSide:
 
     def poll(self) -> None:
         """After a step's end: starts the reduction of samples not yet started
-        (:meth:`launch`), then hands every completed reduction to the extension, in
-        order, without waiting for the device."""
+        (:meth:`launch`); without the agent's thread, which does it otherwise, hands
+        every completed reduction to the extension, in order, without waiting for the
+        device."""
         self.launch()
-        entered = perf_counter_ns()
-        while self._pending and (self._pending[0].event is None or self._pending[0].event.query()):
-            self._hand_over(self._pending.popleft())
-        self._native.add_overhead_since(entered)
+        if self._thread is None:
+            entered = perf_counter_ns()
+            self._hand_over_completed()
+            self._native.add_overhead_since(entered)
+
+    def _hand_over_completed(self) -> None:
+        with self._handing_over:
+            while self._pending and (self._pending[0].event is None or self._pending[0].event.query()):
+                self._hand_over(self._pending.popleft())
 
     def flush(self) -> None:
         """At finish: waits for the agent's thread and the reductions still running
         (the only waits, after the last step) and hands them over."""
         self._launch()
-        self._work.join()
         if self._thread is not None:
-            self._work.put(None)
+            # After every launch before it; what the thread left is handed over here.
+            self._work.put(_STOP)
             self._thread.join()
             self._thread = None
         while self._pending:
