@@ -56,7 +56,9 @@ def _load(path: str) -> Any:
 def _reductions(module: Any, batch: torch.Tensor) -> List[Tuple[str, Callable[[], Any]]]:
     """The exact path's reduction and the sketch's, as that version runs them."""
     exact = ("exact (Gram matrix)", lambda: module.reduce(batch, False))
-    if hasattr(module, "health_and_matrix"):
+    if hasattr(module, "reduce_for_sketch"):
+        sketch = lambda: module.reduce_for_sketch(batch, False, 7)  # noqa: E731
+    elif hasattr(module, "health_and_matrix"):
         sketch = lambda: module.krylov(module.health_and_matrix(batch, False)[1], 7)  # noqa: E731
     else:
         sketch = lambda: module.krylov(module.reduce(batch, False)[1], 7)  # noqa: E731

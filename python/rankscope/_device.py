@@ -374,8 +374,7 @@ class DeviceSide:
             batch = torch.stack([t.rows() for t in items])
             trace = None
             if sketch:
-                health, matrix = health_and_matrix(batch, centered)
-                trace, gram = krylov(matrix, items[0].seed)
+                health, trace, gram = reduce_for_sketch(batch, centered, items[0].seed)
             else:
                 health, gram = reduce(batch, centered)
                 gram = gram.float().contiguous()
@@ -392,8 +391,7 @@ class DeviceSide:
             batch = torch.stack([t.rows() for t in items]) if len(items) > 1 else items[0].rows().unsqueeze(0)
             host_trace = None
             if sketch:
-                health, matrix = health_and_matrix(batch, centered)
-                trace, gram = krylov(matrix, items[0].seed)
+                health, trace, gram = reduce_for_sketch(batch, centered, items[0].seed)
                 host_trace = torch.empty(trace.shape, dtype=torch.float64, pin_memory=True)
                 host_trace.copy_(trace, non_blocking=True)
             else:
@@ -511,9 +509,71 @@ def _product_type(matrix: torch.Tensor) -> torch.dtype:
     return torch.float64 if tf32 else torch.float32
 
 
+# Whether torch multiplies bfloat16 or float16 matrices with float32 results here
+# (``torch.bmm``'s ``out_dtype``), by device type and element type: learnt at the first
+# sample that asks.
+_LOW_PRECISION_GRAM: Dict[Tuple[str, torch.dtype], bool] = {}
+
+
+def low_precision_gram(x: torch.Tensor) -> torch.Tensor:
+    """The Gram matrix of the smaller side of k bfloat16 or float16 matrices alike, in
+    float32, from the elements as they are: each product of two such elements is exact
+    in float32, and the tensor cores accumulate in float32, so it is the float32 Gram
+    matrix of the same values (in another order of summation), at a tenth of its
+    device time and without a float32 copy of the batch."""
+    _, rows, cols = x.shape
+    if cols <= rows:
+        return torch.bmm(x.transpose(1, 2), x, out_dtype=torch.float32)
+    return torch.bmm(x, x.transpose(1, 2), out_dtype=torch.float32)
+
+
+def _gram_as_is(batch: torch.Tensor, centered: bool) -> Optional[torch.Tensor]:
+    """:func:`low_precision_gram` of a batch with its non-finite elements zeroed, where
+    the batch is bfloat16 or float16, uncentred (centring leaves that type), and torch
+    can do it on its device; ``None`` otherwise."""
+    key = (batch.device.type, batch.dtype)
+    if centered or batch.dtype not in (torch.bfloat16, torch.float16) or not _LOW_PRECISION_GRAM.get(key, True):
+        return None
+    clean = batch.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    try:
+        gram = low_precision_gram(clean)
+    except (RuntimeError, TypeError, NotImplementedError):
+        # Older torch, or no such kernel on this device: the float32 path, from now on.
+        _LOW_PRECISION_GRAM[key] = False
+        return None
+    _LOW_PRECISION_GRAM[key] = True
+    return gram
+
+
+def _health_beside(batch: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """:func:`health_and_matrix`'s sums for a batch whose Gram matrix (of its finite
+    elements) is known: Σx² is its trace, and the other sums read the batch once each,
+    accumulating in float32, without a float32 copy."""
+    finite = torch.isfinite(batch)
+    n_finite = finite.sum(dim=(1, 2))
+    total = torch.where(finite, batch, torch.zeros((), dtype=batch.dtype, device=batch.device)).sum(
+        dim=(1, 2), dtype=torch.float32
+    )
+    return torch.stack(
+        [
+            n_finite.double(),
+            (batch[0].numel() - n_finite).double(),
+            total.double(),
+            gram.diagonal(dim1=1, dim2=2).double().sum(dim=1),
+            (batch == 0).sum(dim=(1, 2)).double(),
+        ],
+        dim=1,
+    )
+
+
 def reduce(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """What the host needs of k sample matrices alike for the exact path: their health
-    sums (:func:`health_and_matrix`) and the Gram matrix of each one's smaller side."""
+    sums (:func:`health_and_matrix`) and the Gram matrix of each one's smaller side
+    (from the elements as they are where they are bfloat16 or float16:
+    :func:`low_precision_gram`)."""
+    gram = _gram_as_is(batch, centered)
+    if gram is not None:
+        return _health_beside(batch, gram), gram
     health, clean = health_and_matrix(batch, centered)
     operand = clean.to(_product_type(clean))
     _, rows, cols = operand.shape
@@ -521,35 +581,39 @@ def reduce(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Ten
     return health, gram
 
 
+def reduce_for_sketch(
+    batch: torch.Tensor, centered: bool, seed: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the host needs of k sample matrices alike that the sketch measures: their
+    health sums, Σλ and packed Krylov summaries. Where the batch is bfloat16 or float16
+    and its Gram matrix comes from the elements as they are (:func:`low_precision_gram`),
+    the Krylov process runs on that matrix (:func:`krylov_on_gram`: each product reads
+    G, a quarter of a 4,096 × 1,024 sample's float32 bytes); otherwise on the float32
+    matrix itself, G never formed (:func:`krylov`)."""
+    gram = _gram_as_is(batch, centered)
+    if gram is not None:
+        health = _health_beside(batch, gram)
+        trace, packed = krylov_on_gram(gram, seed)
+        return health, trace, packed
+    health, matrix = health_and_matrix(batch, centered)
+    trace, packed = krylov(matrix, seed)
+    return health, trace, packed
+
+
 def krylov(matrix: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """The sketch's Krylov process for k sample matrices alike (k × rows × cols, float32,
-    from :func:`health_and_matrix`, which it scales in place), on their device: what the extension's
-    ``KrylovSummary`` needs (``agent/src/sampling/sketch.rs`` analyses it;
+    from :func:`health_and_matrix`, which it scales in place), on their device: what the
+    extension's ``KrylovSummary`` needs (``agent/src/sampling/sketch.rs`` analyses it;
     ``docs/metrics.md``, "Sketch mode", states the method). Returns each one's
     Σλ = ‖X‖²_F (k, float64) and its packed summary (k × ``SKETCH_PACKED_LEN``,
     float64, in ``KrylovSummary::from_packed``'s order).
 
-    The same process as the host's sketch, in G / Σλ, where G is the Gram matrix of the
-    smaller side (r × r): G is never formed; a product G·V is Xᵀ(X·V) (or X(Xᵀ·V)), in
-    float32 (float64 where the user allowed TF32), on X scaled by 1/√Σλ; everything
-    else is in float64. For a 4,096 × 4,096 sample that is about 19 GFLOP instead of the
-    Gram matrix's 137, and no 64 MiB matrix. A block Krylov space from ``SKETCH_BLOCK``
-    orthonormalized Gaussian vectors and ``SKETCH_PROBES`` Rademacher probes (the
-    extension's constants), drawn from ``seed`` by torch's generator on the device. It
-    runs to the schedule's last depth, since the device does not stop to ask; the host
-    reads the depths in order and stops at the first that vouches. Every new block is
-    projected out of the space twice and orthonormalized by Cholesky QR twice (no
-    branch on the device, no wait, no eigen-solver); a space that lost orthogonality
-    all the same makes its round-off NaN, which the host reads as a sample it cannot
-    measure. The space and its products are filled in place: a batch issues about 760
-    torch calls and 880 kernels, whatever its size (``python/benches/device_ops.py``).
+    G, the Gram matrix of the smaller side (r × r), is never formed: a product G·V is
+    Xᵀ(X·V) (or X(Xᵀ·V)), in float32 (float64 where the user allowed TF32), on X scaled
+    by 1/√Σλ. For a 4,096 × 4,096 sample that is about 19 GFLOP instead of the Gram
+    matrix's 137, and no 64 MiB matrix. The space: :func:`_krylov_space`.
     """
-    k, rows, cols = matrix.shape
-    r = min(rows, cols)
-    device = matrix.device
-    b, m, schedule = _native.SKETCH_BLOCK, _native.SKETCH_PROBES, _native.SKETCH_SCHEDULE
-    deepest = max(schedule)
-    width = (deepest + 1) * b
+    _, rows, cols = matrix.shape
     f64 = torch.float64
     product_type = _product_type(matrix)
     x = matrix.to(product_type)
@@ -562,6 +626,46 @@ def krylov(matrix: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]
 
     def times(v: torch.Tensor) -> torch.Tensor:
         return torch.bmm(first_factor, torch.bmm(second_factor, v.to(product_type))).to(f64)
+
+    return trace, _krylov_space(times, matrix.shape[0], min(rows, cols), matrix.device, seed)
+
+
+def krylov_on_gram(gram: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`krylov` for k Gram matrices alike (k × r × r, float32, which it scales in
+    place), on their device: products G·V / Σλ in float32 (float64 where the user
+    allowed TF32), Σλ its trace."""
+    f64 = torch.float64
+    trace = gram.diagonal(dim1=1, dim2=2).to(f64).sum(dim=1)
+    product_type = _product_type(gram)
+    g = gram.to(product_type)
+    g.mul_(trace.reciprocal().to(product_type)[:, None, None])
+
+    def times(v: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(g, v.to(product_type)).to(f64)
+
+    return trace, _krylov_space(times, gram.shape[0], gram.shape[1], gram.device, seed)
+
+
+def _krylov_space(times: Any, k: int, r: int, device: torch.device, seed: int) -> torch.Tensor:
+    """The sketch's block Krylov space of k operators G / Σλ (each r × r, applied by
+    ``times`` to k × r × c float64 blocks, in float64), and its packed summaries.
+
+    The same process as the host's sketch: a block Krylov space from ``SKETCH_BLOCK``
+    orthonormalized Gaussian vectors and ``SKETCH_PROBES`` Rademacher probes (the
+    extension's constants), drawn from ``seed`` by torch's generator on the device,
+    everything but the products in float64. It runs to the schedule's last depth,
+    since the device does not stop to ask; the host reads the depths in order and stops
+    at the first that vouches. Every new block is projected out of the space twice and
+    orthonormalized by Cholesky QR twice (no branch on the device, no wait, no
+    eigen-solver); a space that lost orthogonality all the same makes its round-off
+    NaN, which the host reads as a sample it cannot measure. The space and its products
+    are filled in place: a batch issues about 760 torch calls and 880 kernels, whatever
+    its size (``python/benches/device_ops.py``).
+    """
+    b, m, schedule = _native.SKETCH_BLOCK, _native.SKETCH_PROBES, _native.SKETCH_SCHEDULE
+    deepest = max(schedule)
+    width = (deepest + 1) * b
+    f64 = torch.float64
 
     def project_out(y: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
         across = basis.transpose(1, 2)
@@ -617,7 +721,7 @@ def krylov(matrix: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]
         raise ValueError(
             f"the packed sketch summary has {packed.shape[1]} values, not {_native.SKETCH_PACKED_LEN}"
         )
-    return trace, packed
+    return packed
 
 
 def _depth(

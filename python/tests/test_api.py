@@ -611,7 +611,7 @@ def observe_once(collector: "Collector", inputs: dict, device: bool, max_rows: i
     assert agent.finish().complete
 
 
-def test_the_device_sides_reduction_gives_the_host_paths_metrics(tmp_path):
+def test_the_device_sides_reduction_gives_the_host_paths_metrics(tmp_path, low_precision):
     """The GPU path's reduction (rankscope._device: row sample, float32 health sums and
     Gram matrix, handed over as a pinned buffer through DLPack; samples alike in shape
     reduced in one batch), run here without a stream, against the host path (the float64 Gram on the metrics thread) for the same
@@ -657,12 +657,32 @@ def test_the_device_sides_reduction_gives_the_host_paths_metrics(tmp_path):
     print(f"\nfloat32 device Gram against the float64 host path: largest relative difference {worst:.2e}")
 
 
-def test_the_device_runs_the_sketch_within_its_bounds(tmp_path):
+@pytest.fixture(params=[False, True], ids=["float32", "as_is"])
+def low_precision(request, monkeypatch):
+    """Both ways the device side multiplies a bfloat16 sample: in float32, and (``as_is``)
+    as it is with float32 results (torch.bmm's out_dtype: CUDA only, so emulated here,
+    with the same values), which sends the sketch's Krylov process to the Gram matrix."""
+    from rankscope import _device
+
+    monkeypatch.setattr(_device, "_LOW_PRECISION_GRAM", {})
+    if request.param:
+
+        def emulated(x):
+            x = x.float()
+            _, rows, cols = x.shape
+            return x.transpose(1, 2) @ x if cols <= rows else x @ x.transpose(1, 2)
+
+        monkeypatch.setattr(_device, "low_precision_gram", emulated)
+    return request.param
+
+
+def test_the_device_runs_the_sketch_within_its_bounds(tmp_path, low_precision):
     """Where the sketch measures a sample, the device side runs its Krylov process
-    (rankscope._device.krylov, here without a stream) and hands over a summary, not the
-    Gram matrix: every column it stores is within the bound docs/metrics.md states of
-    the exact float64 value, with its error estimate, wide and tall, centred and not,
-    two alike in one batch, bfloat16 included; a non-finite sample has no spectrum."""
+    (rankscope._device.krylov, here without a stream; for a bfloat16 sample multiplied
+    as it is, krylov_on_gram) and hands over a summary, not the Gram matrix: every
+    column it stores is within the bound docs/metrics.md states of the exact float64
+    value, with its error estimate, wide and tall, centred and not, two alike in one
+    batch, bfloat16 included; a non-finite sample has no spectrum."""
     g = torch.Generator().manual_seed(8)
 
     def power(n: int, d: int, alpha: float) -> torch.Tensor:
