@@ -530,6 +530,10 @@ def test_several_metrics_threads_measure_every_sample_once(tmp_path):
             with agent.step(step):
                 for name, x in inputs.items():
                     agent.observe(name, x)
+        # Every sample measured: each thread has reported its CPU time by then.
+        deadline = time.monotonic() + 60
+        while agent._native.queued_samples() and time.monotonic() < deadline:
+            time.sleep(0.02)
         taken, dropped, _skipped = agent.samples()
         overhead = agent.overhead()
         assert agent.finish().complete
