@@ -371,13 +371,8 @@ class DeviceSide:
         if device.type != "cuda":
             # The same reduction without a stream (the extension's tests run it on CPU).
             reducing = perf_counter_ns()
-            batch = torch.stack([t.rows() for t in items])
-            trace = None
-            if sketch:
-                health, trace, gram = reduce_for_sketch(batch, centered, items[0].seed)
-            else:
-                health, gram = reduce(batch, centered)
-                gram = gram.float().contiguous()
+            health, trace, gram = _reduction(torch.stack([t.rows() for t in items]), centered, sketch, items[0].seed)
+            gram = gram.contiguous()
             spent = perf_counter_ns() - reducing
             self._pending.append(_Pending(tokens, nbytes, None, None, health, gram, spent, trace))
             return
@@ -389,14 +384,11 @@ class DeviceSide:
             started = torch.cuda.Event(enable_timing=True)
             started.record(stream)
             batch = torch.stack([t.rows() for t in items]) if len(items) > 1 else items[0].rows().unsqueeze(0)
+            health, trace, gram = _reduction(batch, centered, sketch, items[0].seed)
             host_trace = None
-            if sketch:
-                health, trace, gram = reduce_for_sketch(batch, centered, items[0].seed)
+            if trace is not None:
                 host_trace = torch.empty(trace.shape, dtype=torch.float64, pin_memory=True)
                 host_trace.copy_(trace, non_blocking=True)
-            else:
-                health, gram = reduce(batch, centered)
-                gram = gram.float()
             host_gram = torch.empty(gram.shape, dtype=gram.dtype, pin_memory=True)
             host_gram.copy_(gram, non_blocking=True)
             host_health = torch.empty(health.shape, dtype=torch.float64, pin_memory=True)
@@ -579,6 +571,18 @@ def reduce(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Ten
     _, rows, cols = operand.shape
     gram = operand.transpose(1, 2) @ operand if cols <= rows else operand @ operand.transpose(1, 2)
     return health, gram
+
+
+def _reduction(
+    batch: torch.Tensor, centered: bool, sketch: bool, seed: int
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """A batch's health sums, and for the sketch its Σλ and packed Krylov summaries
+    (:func:`reduce_for_sketch`), else no Σλ and its float32 Gram matrices
+    (:func:`reduce`)."""
+    if sketch:
+        return reduce_for_sketch(batch, centered, seed)
+    health, gram = reduce(batch, centered)
+    return health, None, gram.float()
 
 
 def reduce_for_sketch(

@@ -213,11 +213,7 @@ fn take(
             // The rows are drawn on the device side's thread (`choose_rows`), not here.
             let keep =
                 (options.max_rows > 0 && plan.rows > options.max_rows).then_some(options.max_rows);
-            let kept = plan.rows.min(if options.max_rows > 0 {
-                options.max_rows
-            } else {
-                usize::MAX
-            });
+            let kept = keep.unwrap_or(plan.rows);
             // Where the sketch measures it, the device runs the Krylov process too, and
             // hands over a few hundred KiB instead of the Gram matrix.
             let sketch = options
