@@ -6,8 +6,8 @@
 //! A planned sample (a step where `step % RANKSCOPE_SAMPLE_EVERY == 0`) is decided
 //! when its step begins, before any work, for the whole step: every layer of it is
 //! taken, or none. The step is skipped, and counted, when the metrics thread's
-//! queue has no room for a whole step's samples, or to stay within the overhead
-//! budget. A skipped step counts as one skipped step and as many skipped samples as
+//! queue has no room for a whole step's samples (see [`Sampler::decide`] and
+//! [`SECOND_STEP_BYTES`]), or to stay within the overhead budget. A skipped step counts as one skipped step and as many skipped samples as
 //! the last sampled step took. Drops are what is left: a sample an adapter could not
 //! read, or one still queued when `finish` stopped waiting.
 //!
@@ -44,6 +44,16 @@ pub const FLOOR_STEPS: u64 = 100;
 /// The floor's sample is skipped after all where a share would be over this many
 /// times its room.
 pub const FLOOR_SLACK: f64 = 2.5;
+
+/// The metrics queue takes a second step's samples behind those of one still queued
+/// (twice its count: `2 × max(capacity, layers per step)`) only while the samples
+/// queued and the step's, at the bytes a sample has held so far, come to at most
+/// this. A device's reductions are small (a sketch's summary is 1 MiB, the Gram
+/// matrix of a side below 1,024 at most 4 MiB), so a metrics thread a little slower
+/// than the planned steps measures most of them rather than every other one; a
+/// step of host copies as large as a GPT's (about 1.7 GB at the default row cap)
+/// still waits for an empty queue.
+pub const SECOND_STEP_BYTES: u64 = 256 << 20;
 
 /// One of the budget's shares (see the module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,8 +200,10 @@ impl Overhead {
 /// Counters shared with the metrics thread.
 #[derive(Debug, Default)]
 pub(crate) struct WorkerCounters {
-    /// Samples the worker is done with (measured or skipped at finish).
+    /// Samples the worker is done with (measured or skipped at finish), and the
+    /// host memory they held ([`crate::sampling::worker::JobInput::bytes`]).
     pub done: AtomicU64,
+    pub done_bytes: AtomicU64,
     /// The metrics threads' CPU time, as each last read its own clock, less their
     /// warm-ups.
     pub cpu_ns: AtomicU64,
@@ -202,6 +214,15 @@ pub(crate) struct WorkerCounters {
     pub first_ns: AtomicU64,
     /// Samples dropped (queued when finish stopped waiting).
     pub dropped: AtomicU64,
+}
+
+impl WorkerCounters {
+    /// The worker is done with one more sample, which held `bytes`; returns how many
+    /// it was done with before.
+    pub fn done_with(&self, bytes: u64) -> u64 {
+        self.done_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.done.fetch_add(1, Ordering::Relaxed)
+    }
 }
 
 #[derive(Debug)]
@@ -247,9 +268,11 @@ pub(crate) struct Sampler {
     tick_clocks: Arc<TickClocks>,
     frozen: AtomicBool,
     pub worker: Arc<WorkerCounters>,
-    /// Samples taken on the training thread, and handed to the metrics thread.
+    /// Samples taken on the training thread, and handed to the metrics thread (and
+    /// the host memory those held).
     taken: AtomicU64,
     handed: AtomicU64,
+    handed_bytes: AtomicU64,
     /// Samples libtorch failed to prepare, or the queue refused.
     dropped: AtomicU64,
     skipped_cpu: AtomicU64,
@@ -302,6 +325,7 @@ impl Sampler {
             worker: Arc::default(),
             taken: AtomicU64::new(0),
             handed: AtomicU64::new(0),
+            handed_bytes: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             skipped_cpu: AtomicU64::new(0),
             skipped_device: AtomicU64::new(0),
@@ -323,8 +347,9 @@ impl Sampler {
     /// At the start of planned step `step`: whether it is sampled, whole. It is when
     /// the metrics thread's queue has room for all of the step's samples (as many as
     /// the last sampled step took; the queue holds `capacity`, or one step's samples
-    /// where a step takes more) and each share of the budget has room for them, or
-    /// the floor asks for it (see the module).
+    /// where a step takes more, and twice that within [`SECOND_STEP_BYTES`]) and each
+    /// share of the budget has room for them, or the floor asks for it (see the
+    /// module).
     pub fn decide(&self, step: u64, capacity: usize) -> Decision {
         self.decide_at(step, capacity, self.started.elapsed())
     }
@@ -337,7 +362,7 @@ impl Sampler {
             gate.per_step = seen.saturating_sub(gate.seen_at_take);
         }
         let queued = self.queued();
-        if queued + gate.per_step > (capacity as u64).max(gate.per_step) {
+        if !self.queue_has_room(queued, gate.per_step, capacity) {
             self.skipped_queue_full
                 .fetch_add(gate.per_step, Ordering::Relaxed);
             self.steps_skipped.fetch_add(1, Ordering::Relaxed);
@@ -403,6 +428,22 @@ impl Sampler {
             take,
             newly_limited,
         }
+    }
+
+    /// Whether the metrics queue, holding `queued` samples, has room for a step of
+    /// `per_step` more: within `max(capacity, per_step)`, or within twice that where
+    /// the bytes stay within [`SECOND_STEP_BYTES`] (see there).
+    fn queue_has_room(&self, queued: u64, per_step: u64, capacity: usize) -> bool {
+        let room = (capacity as u64).max(per_step);
+        if queued + per_step <= room {
+            return true;
+        }
+        if queued + per_step > 2 * room {
+            return false;
+        }
+        let handed = self.handed.load(Ordering::Relaxed).max(1);
+        let step_bytes = self.handed_bytes.load(Ordering::Relaxed) / handed * per_step;
+        self.queued_bytes() + step_bytes <= SECOND_STEP_BYTES
     }
 
     /// Each share's demand at wall time `at` (see [`Demand`]).
@@ -513,24 +554,34 @@ impl Sampler {
             .saturating_sub(self.worker.done.load(Ordering::Relaxed))
     }
 
+    /// The host memory the samples [`Sampler::queued`] counts hold.
+    pub fn queued_bytes(&self) -> u64 {
+        self.handed_bytes
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.worker.done_bytes.load(Ordering::Relaxed))
+    }
+
     /// A sample is being taken.
     pub fn taken(&self) {
         self.taken.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The sample just taken went to the metrics thread, or was dropped.
-    pub fn handed(&self, sent: bool) {
+    /// The sample just taken went to the metrics thread holding `bytes` of host
+    /// memory, or was dropped.
+    pub fn handed(&self, sent: bool, bytes: u64) {
         if sent {
             self.handed.fetch_add(1, Ordering::Relaxed);
+            self.handed_bytes.fetch_add(bytes, Ordering::Relaxed);
         } else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// A sample counted as handed over was dropped after all (the metrics thread's
-    /// queue refused it).
-    pub fn handed_then_dropped(&self) {
+    /// A sample counted as handed over (holding `bytes`) was dropped after all (the
+    /// metrics thread's queue refused it).
+    pub fn handed_then_dropped(&self, bytes: u64) {
         self.handed.fetch_sub(1, Ordering::Relaxed);
+        self.handed_bytes.fetch_sub(bytes, Ordering::Relaxed);
         self.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -659,9 +710,10 @@ mod tests {
 
     /// The training side's protocol against a metrics thread that falls behind by
     /// random amounts: a step is decided once, then takes all its layers or none.
-    /// Whatever the layers per step and the worker's pace, the queue never holds
-    /// more than `max(capacity, layers per step)` samples, and a step is refused
-    /// only when the whole step would not fit.
+    /// Whatever the layers per step, the bytes a sample holds and the worker's pace,
+    /// the queue never holds more than `max(capacity, layers per step)` samples, or
+    /// twice that within [`SECOND_STEP_BYTES`], and a step is refused only when the
+    /// whole step would fit neither way.
     #[test]
     fn steps_are_admitted_whole_and_the_queue_stays_bounded() {
         const CAPACITY: usize = 16;
@@ -672,6 +724,7 @@ mod tests {
             rng ^= rng << 17;
             rng % bound
         };
+        let mut second_steps = 0;
         for _case in 0..200 {
             let sampler = Sampler::new(
                 OverheadBudget::from_percent(100.0).unwrap(),
@@ -680,32 +733,88 @@ mod tests {
                 Arc::default(),
             );
             let layers = 1 + next(40);
+            // From a sketch's summary to a host copy at the default row cap.
+            let bytes = [1 << 20, 4 << 20, 16 << 20, 64 << 20][next(4) as usize];
+            let room = CAPACITY.max(layers as usize) as u64;
             let (mut admitted, mut refused) = (0, 0);
             for step in 0..300 {
-                let before = sampler.queued();
+                let (before, before_bytes) = (sampler.queued(), sampler.queued_bytes());
                 if sampler.decide(step, CAPACITY).take {
                     admitted += 1;
                     for _ in 0..layers {
                         sampler.taken();
-                        sampler.handed(true);
+                        sampler.handed(true, bytes);
                     }
                 } else {
                     refused += 1;
+                    let one = before + layers <= room;
+                    let two = before + layers <= 2 * room
+                        && (step == 0 || before_bytes + layers * bytes <= SECOND_STEP_BYTES);
                     assert!(
-                        before + layers > CAPACITY.max(layers as usize) as u64,
-                        "a step was refused with room for it ({before} queued, {layers} layers)"
+                        !one && !two,
+                        "a step was refused with room for it ({before} queued, {layers} layers of {bytes} bytes)"
                     );
                 }
-                assert!(sampler.queued() <= CAPACITY.max(layers as usize) as u64);
+                let queued = sampler.queued();
+                assert!(queued <= 2 * room, "{queued} queued, {layers} layers");
+                if queued > room {
+                    second_steps += 1;
+                    assert!(sampler.queued_bytes() <= SECOND_STEP_BYTES);
+                }
+                assert_eq!(sampler.queued_bytes(), queued * bytes);
                 // The worker finishes a random number of the queued samples.
-                let done = next(sampler.queued() + 1);
-                sampler.worker.done.fetch_add(done, Ordering::Relaxed);
+                for _ in 0..next(queued + 1) {
+                    sampler.worker.done_with(bytes);
+                }
             }
             let samples = sampler.samples();
             assert_eq!(samples.taken, admitted * layers);
             assert_eq!(samples.steps_skipped, refused);
             assert!(admitted > 0);
         }
+        assert!(second_steps > 0, "no case queued a second step");
+    }
+
+    /// Planned steps of 51 samples against a metrics thread that takes 1.1 times
+    /// the time between them for one step's samples: with a device's small
+    /// reductions a second step queues behind the first, and about 1 / 1.1 of the
+    /// planned steps are measured; with host copies too large for that, every other.
+    #[test]
+    fn a_metrics_thread_a_little_slower_than_the_steps_measures_most_of_them() {
+        let share_sampled = |bytes: u64| {
+            let sampler = Sampler::new(
+                OverheadBudget::from_percent(100.0).unwrap(),
+                None,
+                Arc::default(),
+                Arc::default(),
+            );
+            let (layers, planned) = (51, 1000);
+            // Time in planned steps: each sample takes 1.1 / 51 of one.
+            let per_sample = 1.1 / layers as f64;
+            let (mut sampled, mut free_at) = (0, 0.0_f64);
+            let mut finishing = std::collections::VecDeque::new();
+            for step in 0..planned {
+                let now = step as f64;
+                while finishing.front().is_some_and(|&t| t <= now) {
+                    finishing.pop_front();
+                    sampler.worker.done_with(bytes);
+                }
+                if sampler.decide(step, 16).take {
+                    sampled += 1;
+                    for _ in 0..layers {
+                        sampler.taken();
+                        sampler.handed(true, bytes);
+                        free_at = free_at.max(now) + per_sample;
+                        finishing.push_back(free_at);
+                    }
+                }
+            }
+            sampled as f64 / planned as f64
+        };
+        let small = share_sampled(1 << 20);
+        assert!((0.88..=0.92).contains(&small), "{small}");
+        let large = share_sampled(32 << 20);
+        assert!((0.49..=0.51).contains(&large), "{large}");
     }
 
     /// A run on synthetic wall time: 10 ms a step, a planned sample every 10 steps
@@ -734,7 +843,7 @@ mod tests {
                 sampled.push(step);
                 for _ in 0..4 {
                     sampler.taken();
-                    sampler.handed(true);
+                    sampler.handed(true, 0);
                 }
                 sampler.add_device_ns((device_ms * 4e6) as u64, 4);
                 sampler.worker.done.fetch_add(4, Ordering::Relaxed);
@@ -798,7 +907,7 @@ mod tests {
             if take {
                 sampled += 1;
                 sampler.taken();
-                sampler.handed(true);
+                sampler.handed(true, 0);
                 sampler.worker.done.fetch_add(1, Ordering::Relaxed);
             }
             // A sampled step takes 10 ms more than the 10 ms of the others: 10 %

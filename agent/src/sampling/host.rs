@@ -461,6 +461,16 @@ impl HostSample {
         }
     }
 
+    /// The host memory its data holds.
+    pub fn bytes(&self) -> u64 {
+        let bytes = match &self.data {
+            SampleData::Matrix(values) => size_of_val(values.as_slice()),
+            SampleData::Reduced(r) => r.gram.as_ref().map_or(0, |g| size_of_val(g.values())),
+            SampleData::Sketched(s) => s.packed.as_ref().map_or(0, |p| size_of_val(p.values())),
+        };
+        bytes as u64
+    }
+
     /// Takes back the matrix buffer, for reuse, once measured.
     pub fn into_buffer(self) -> Option<Vec<f32>> {
         match self.data {

@@ -46,12 +46,26 @@ pub trait DeferredSample: Send {
     /// The sample on the host, read into `buffer` (reused) where it is a matrix; the
     /// error's text goes into an `events` row.
     fn read(self: Box<Self>, buffer: Vec<f32>) -> Result<HostSample, String>;
+
+    /// The host memory its reading will take (what the metrics queue's bound counts).
+    fn bytes(&self) -> u64;
 }
 
 /// What a job brings.
 pub enum JobInput {
     Ready(HostSample),
     Deferred(Box<dyn DeferredSample>),
+}
+
+impl JobInput {
+    /// The host memory the sample holds, or will once read: what the metrics queue's
+    /// bound counts ([`crate::budget::sampler`]).
+    pub fn bytes(&self) -> u64 {
+        match self {
+            JobInput::Ready(sample) => sample.bytes(),
+            JobInput::Deferred(deferred) => deferred.bytes(),
+        }
+    }
 }
 
 impl std::fmt::Debug for JobInput {
@@ -255,9 +269,10 @@ impl Measuring {
             }
         };
         while let Some(job) = next() {
+            let bytes = job.input.bytes();
             if abandon.load(Ordering::Relaxed) {
                 counters.dropped.fetch_add(1, Ordering::Relaxed);
-                counters.done.fetch_add(1, Ordering::Relaxed);
+                counters.done_with(bytes);
                 continue;
             }
             let started = Instant::now();
@@ -276,7 +291,7 @@ impl Measuring {
                         step: Some(job.step),
                     }));
                     counters.dropped.fetch_add(1, Ordering::Relaxed);
-                    counters.done.fetch_add(1, Ordering::Relaxed);
+                    counters.done_with(bytes);
                     report_cpu();
                     continue;
                 }
@@ -299,7 +314,7 @@ impl Measuring {
                 m.into_layer_row(job.step, job.time, job.layer, compute_ms),
             ));
             report_cpu();
-            if counters.done.fetch_add(1, Ordering::Relaxed) == 0 {
+            if counters.done_with(bytes) == 0 {
                 let first = counters.cpu_ns.load(Ordering::Relaxed);
                 counters.first_ns.store(first, Ordering::Relaxed);
             }

@@ -195,6 +195,10 @@ impl DeferredSample for DeviceSample {
             self.seed,
         ))
     }
+
+    fn bytes(&self) -> u64 {
+        (self.matrix.numel() * size_of::<f32>()) as u64
+    }
 }
 
 impl Agent {

@@ -30,6 +30,7 @@ mod tests {
 
     use super::profile;
     use super::recorder::WORKER_QUEUE;
+    use crate::budget::sampler::SECOND_STEP_BYTES;
     use crate::transport::TransportConfig;
 
     const COLUMNS_MD: &str = include_str!("../../../docs/columns.md");
@@ -39,6 +40,7 @@ mod tests {
         let transport = TransportConfig::new("unused");
         for quoted in [
             format!("metrics queue ({WORKER_QUEUE} samples)"),
+            format!("(twice that within {} MiB", SECOND_STEP_BYTES >> 20),
             format!(
                 "row queue ({} rows)",
                 group_digits(transport.queue_rows as u64)

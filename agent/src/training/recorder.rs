@@ -40,9 +40,11 @@ pub(crate) struct ObservedShape {
 /// samples more layers: a step is sampled whole, so the queue then holds one step's
 /// samples. This bounds the host memory of queued samples to
 /// `max(WORKER_QUEUE, layers per step) × max_rows × cols` float32 values (a device's
-/// reduction: its Gram matrix instead). The copies' buffers are kept for reuse until
-/// finish; they are at most as many as the queue holds, plus one being measured, per
-/// layer.
+/// reduction: its Gram matrix or sketch summary instead), or to
+/// [`crate::budget::sampler::SECOND_STEP_BYTES`] where a second step queues behind
+/// the first (at the bytes a sample has held so far). The copies' buffers are kept
+/// for reuse until finish; they are at most as many as the queue holds, plus one
+/// being measured, per layer.
 pub(super) const WORKER_QUEUE: usize = 16;
 
 #[derive(Debug)]
@@ -252,10 +254,11 @@ impl Recorder {
                     value: None,
                     step: Some(pending.step),
                 }));
-                self.sampler.handed(false);
+                self.sampler.handed(false, 0);
                 return;
             }
         };
+        let bytes = input.bytes();
         let job = worker::Job {
             step: pending.step,
             layer: pending.layer,
@@ -264,14 +267,14 @@ impl Recorder {
         };
         if let Some(held) = self.held.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             held.push(job);
-            self.sampler.handed(true);
+            self.sampler.handed(true, bytes);
             return;
         }
         let queue = self.worker_queue.lock().unwrap_or_else(|e| e.into_inner());
         // The step was admitted with room for all its samples; only a finished
         // agent refuses.
         let sent = queue.as_ref().is_some_and(|q| q.send(job).is_ok());
-        self.sampler.handed(sent);
+        self.sampler.handed(sent, bytes);
     }
 
     /// Observes an activation in host memory: on a sampled step, reads its sample into
@@ -317,9 +320,8 @@ impl Recorder {
             return 0;
         };
         let n = jobs.len();
-        jobs.clear();
-        for _ in 0..n {
-            self.sampler.handed_then_dropped();
+        for job in jobs.drain(..) {
+            self.sampler.handed_then_dropped(job.input.bytes());
         }
         n
     }
@@ -341,9 +343,10 @@ impl Recorder {
         drop(held);
         let queue = self.worker_queue.lock().unwrap_or_else(|e| e.into_inner());
         for job in jobs {
+            let bytes = job.input.bytes();
             if queue.as_ref().is_none_or(|q| q.send(job).is_err()) {
                 // Counted as handed when held: a refused one is dropped after all.
-                self.sampler.handed_then_dropped();
+                self.sampler.handed_then_dropped(bytes);
             }
         }
     }
