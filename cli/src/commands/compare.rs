@@ -298,6 +298,34 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
         Better::Lower,
         None,
     ));
+    rows.push(row(
+        "overhead",
+        "agent device time, share of step time (mean over ranks)",
+        "%",
+        mean_over_ranks(a, |x| x.device_pct),
+        mean_over_ranks(b, |x| x.device_pct),
+        Better::Lower,
+        None,
+    ));
+    rows.push(row(
+        "overhead",
+        "observed slowdown of sampled steps, share of step time (mean over ranks)",
+        "%",
+        mean_over_ranks(a, |x| x.observed_pct),
+        mean_over_ranks(b, |x| x.observed_pct),
+        Better::Lower,
+        None,
+    ));
+    let skipped = |r: &Report| Some(r.ranks.iter().map(|x| x.samples_skipped).sum::<i64>() as f64);
+    rows.push(row(
+        "overhead",
+        "planned samples skipped",
+        "samples",
+        skipped(a),
+        skipped(b),
+        Better::Lower,
+        None,
+    ));
     let dropped = |r: &Report| Some(r.ranks.iter().map(|x| x.samples_dropped).sum::<i64>() as f64);
     rows.push(row(
         "overhead",
@@ -626,6 +654,40 @@ mod tests {
             (step_p50(&c).verdict.as_str(), step_p50(&c).noise),
             ("worse", None)
         );
+    }
+
+    #[test]
+    fn the_budgets_shares_are_compared() {
+        let mut a = report("a", 2, 250, 100.0, 5.0);
+        let mut b = report("b", 2, 250, 100.0, 5.0);
+        for (r, (device, observed, skipped)) in
+            a.ranks.iter_mut().zip([(1.0, 0.5, 10), (3.0, 1.5, 30)])
+        {
+            (r.device_pct, r.observed_pct, r.samples_skipped) =
+                (Some(device), Some(observed), skipped);
+        }
+        for r in &mut b.ranks {
+            (r.device_pct, r.observed_pct, r.samples_skipped) = (Some(1.0), None, 0);
+        }
+        let c = compare(&a, &b);
+        let find = |metric: &str| {
+            c.rows
+                .iter()
+                .find(|r| r.metric.starts_with(metric))
+                .unwrap()
+        };
+        let device = find("agent device time");
+        assert_eq!(
+            (device.a, device.b, device.verdict.as_str()),
+            (Some(2.0), Some(1.0), "better")
+        );
+        let observed = find("observed slowdown");
+        assert_eq!(
+            (observed.a, observed.b, observed.verdict.as_str()),
+            (Some(1.0), None, "-")
+        );
+        let skipped = find("planned samples skipped");
+        assert_eq!((skipped.a, skipped.b), (Some(40.0), Some(0.0)));
     }
 
     #[test]
