@@ -8,7 +8,8 @@ machine hit every arm alike:
 - ``full@10``: every 10th step sampled, budget 100 % (every planned sample taken);
 - ``full@10-inline``: the same with ``RANKSCOPE_DEVICE_THREAD=0``: the training thread,
   not the agent's thread, issues the device side's reductions;
-- ``full@10-2threads``: ``full@10`` with two metrics threads (``RANKSCOPE_METRICS_THREADS=2``);
+- ``full@10-1thread``: ``full@10`` with one metrics thread (``RANKSCOPE_METRICS_THREADS=1``;
+  a CUDA rank starts two by default);
 - ``full@1``: every step sampled, budget 100 %;
 - ``default``: every 10th step at the default budget (2 %).
 
@@ -54,7 +55,7 @@ ARMS = {
     "steps": {"mode": "steps"},
     "full@10": {"sample_every": 10, "overhead_budget": 1.0},
     "full@10-inline": {"sample_every": 10, "overhead_budget": 1.0, "env": {"RANKSCOPE_DEVICE_THREAD": "0"}},
-    "full@10-2threads": {"sample_every": 10, "overhead_budget": 1.0, "env": {"RANKSCOPE_METRICS_THREADS": "2"}},
+    "full@10-1thread": {"sample_every": 10, "overhead_budget": 1.0, "env": {"RANKSCOPE_METRICS_THREADS": "1"}},
     "full@1": {"sample_every": 1, "overhead_budget": 1.0},
     "default": {"sample_every": 10},
 }

@@ -5,6 +5,7 @@ agent's (``rankscope._native``); this module only attaches it to PyTorch."""
 from __future__ import annotations
 
 import atexit
+import os
 import warnings
 import weakref
 from time import perf_counter_ns
@@ -19,6 +20,22 @@ from ._native import NativeStep, Report
 
 PHASES = ("data", "forward", "backward", "optimizer")
 """The phases a step can be split into; any other name is a ValueError."""
+
+METRICS_THREADS_VARIABLE = "RANKSCOPE_METRICS_THREADS"
+# Metrics threads on a rank whose torch sees a CUDA GPU, where RANKSCOPE_METRICS_THREADS
+# is unset. A GPU step is short and its device hands over small reductions, so the host's
+# analysis of them is what bounds the samples measured (BENCHMARKS.md, "GPU"); a GPU
+# node has cores to spare, and the overhead budget holds the threads' CPU time together.
+GPU_METRICS_THREADS = 2
+
+
+def _default_metrics_threads() -> Optional[int]:
+    """The metrics threads this rank starts where ``RANKSCOPE_METRICS_THREADS`` is unset:
+    :data:`GPU_METRICS_THREADS` where torch sees a CUDA GPU, else ``None`` (the agent's
+    default, one)."""
+    if METRICS_THREADS_VARIABLE in os.environ or not torch.cuda.is_available():
+        return None
+    return GPU_METRICS_THREADS
 
 def init(
     *,
@@ -88,6 +105,7 @@ def init(
         max_rows=max_rows,
         workload=workload,
         overhead_budget=overhead_budget,
+        metrics_threads=_default_metrics_threads(),
     )
     if not native.active:
         return InertAgent()

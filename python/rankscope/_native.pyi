@@ -158,5 +158,6 @@ def init(
     max_rows: Optional[int] = None,
     workload: Optional[str] = None,
     overhead_budget: Optional[Union[str, float]] = None,
+    metrics_threads: Optional[int] = None,
 ) -> NativeAgent: ...
 def empty_report() -> Report: ...

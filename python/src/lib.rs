@@ -524,7 +524,7 @@ impl NativeAgent {
 /// override defaults. A wrong setting raises `ConfigError`, or with
 /// `RANKSCOPE_ON_CONFIG_ERROR=disable` warns once and returns an inert agent.
 #[pyfunction]
-#[pyo3(signature = (*, collector = None, run_id = None, mode = None, sample_every = None, layers = None, max_rows = None, workload = None, overhead_budget = None))]
+#[pyo3(signature = (*, collector = None, run_id = None, mode = None, sample_every = None, layers = None, max_rows = None, workload = None, overhead_budget = None, metrics_threads = None))]
 #[allow(clippy::too_many_arguments)]
 fn init(
     py: Python<'_>,
@@ -536,6 +536,7 @@ fn init(
     max_rows: Option<Bound<'_, PyAny>>,
     workload: Option<Bound<'_, PyAny>>,
     overhead_budget: Option<Bound<'_, PyAny>>,
+    metrics_threads: Option<Bound<'_, PyAny>>,
 ) -> PyResult<NativeAgent> {
     init_logging();
     let collector = keywords::text("collector", collector.as_ref(), "\"10.0.0.1:50051\"")?;
@@ -559,6 +560,14 @@ fn init(
     .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let workload = keywords::text("workload", workload.as_ref(), "\"gpt-small\"")?;
     let overhead_budget = keywords::overhead_budget(overhead_budget.as_ref())?;
+    let metrics_threads = keywords::whole(
+        "metrics_threads",
+        metrics_threads.as_ref(),
+        1,
+        "how many threads measure samples (RANKSCOPE_METRICS_THREADS)",
+        "2",
+    )?
+    .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let mut builder = AgentConfigBuilder {
         collector,
         run_id,
@@ -566,6 +575,7 @@ fn init(
         layer_filter: layers,
         max_rows,
         overhead_budget,
+        metrics_threads,
         workload: Some(workload.unwrap_or_else(|| "python".into())),
         ..Default::default()
     };

@@ -548,6 +548,43 @@ def test_several_metrics_threads_measure_every_sample_once(tmp_path):
     assert overhead["metrics_thread_ms"] > 0, overhead
 
 
+def _metrics_threads_alive(expected: int) -> int:
+    # Thread names are cut to 15 bytes in /proc ("rankscope-metri"), and a new thread
+    # names itself once it runs: look for a few seconds until `expected` are there.
+    deadline = time.monotonic() + 10
+    while True:
+        names = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+        alive = sum(name.startswith("rankscope-metri") for name in names)
+        if alive == expected or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def test_a_cuda_rank_starts_two_metrics_threads_unless_told(monkeypatch, collector):
+    """Where RANKSCOPE_METRICS_THREADS is unset, a rank whose torch sees a CUDA GPU
+    starts two metrics threads (the keyword the package passes starts them), and any
+    other rank, or a rank told by the variable, the agent's own count."""
+    from rankscope import _agent
+
+    monkeypatch.delenv("RANKSCOPE_METRICS_THREADS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _agent._default_metrics_threads() == _agent.GPU_METRICS_THREADS == 2
+    monkeypatch.setenv("RANKSCOPE_METRICS_THREADS", "1")
+    assert _agent._default_metrics_threads() is None
+    monkeypatch.delenv("RANKSCOPE_METRICS_THREADS")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _agent._default_metrics_threads() is None
+    native = rankscope._native.init(collector=collector.addr, run_id="threads-kw", metrics_threads=2)
+    try:
+        assert _metrics_threads_alive(2) == 2
+    finally:
+        native.finish()
+    assert _metrics_threads_alive(0) == 0
+    for bad, error in ((0, rankscope.ConfigError), ("2", TypeError)):
+        with pytest.raises(error, match="metrics_threads"):
+            rankscope._native.init(collector=collector.addr, run_id="threads-kw", metrics_threads=bad)
+
+
 def test_the_device_sides_thread_reduces_every_sample_and_counts_its_time():
     """On the device side's own thread (as on a GPU; here without a stream) a launch
     returns before its reduction: every sample is handed over once, by a later poll or

@@ -29,7 +29,7 @@
 //! | `RANKSCOPE_CENTER` | centre columns before the spectrum (`1`/`0`) | `0` |
 //! | `RANKSCOPE_CONV_LAYOUT` | `channelwise` or `flatten` | `channelwise` |
 //! | `RANKSCOPE_SPECTRUM` | `auto`, `exact` or `sketch`: how the spectral columns are computed (`auto` sketches matrices with at least `RANKSCOPE_SKETCH_THRESHOLD` rows and columns; the `layers.method` column says which ran) | `auto` |
-//! | `RANKSCOPE_METRICS_THREADS` | threads that measure samples (each a core at most; the overhead budget holds their CPU time together) | `1` |
+//! | `RANKSCOPE_METRICS_THREADS` | threads that measure samples (each a core at most; the overhead budget holds their CPU time together) | `1` (an adapter may set another: the Python package starts 2 on a CUDA rank) |
 //! | `RANKSCOPE_SKETCH_THRESHOLD` | the smaller side (min of rows and columns) from which `auto` sketches | `1536`; `1024` where a GPU runs the sketch's Krylov process (the Python package) |
 //! | `RANKSCOPE_OVERHEAD_BUDGET` | the agent's share, held on three shares: of the process's CPU time (its threads' CPU clocks plus its time on the training thread, over a sliding window), and of the wall time, its device time and the observed slowdown of the steps; planned samples it has no room for are skipped, and counted, and one sampled step every 100 steps is taken within 2.5 times the budget (see [`crate::budget`]); `100%` takes every planned sample | `2%` |
 //! | `RANKSCOPE_ON_CONFIG_ERROR` | `fail` or `disable`: what a wrong configuration does | `fail` |
