@@ -280,42 +280,30 @@ pub fn compare(a: &Report, b: &Report) -> Comparison {
             None,
         ));
     }
-    rows.push(row(
-        "overhead",
-        "agent time on the training thread, share of step time (mean over ranks)",
-        "%",
-        mean_over_ranks(a, |x| x.overhead_pct),
-        mean_over_ranks(b, |x| x.overhead_pct),
-        Better::Lower,
-        None,
-    ));
-    rows.push(row(
-        "overhead",
-        "agent CPU, share of the process's CPU time (mean over ranks)",
-        "%",
-        mean_over_ranks(a, |x| x.cpu_pct),
-        mean_over_ranks(b, |x| x.cpu_pct),
-        Better::Lower,
-        None,
-    ));
-    rows.push(row(
-        "overhead",
-        "agent device time, share of step time (mean over ranks)",
-        "%",
-        mean_over_ranks(a, |x| x.device_pct),
-        mean_over_ranks(b, |x| x.device_pct),
-        Better::Lower,
-        None,
-    ));
-    rows.push(row(
-        "overhead",
-        "observed slowdown of sampled steps, share of step time (mean over ranks)",
-        "%",
-        mean_over_ranks(a, |x| x.observed_pct),
-        mean_over_ranks(b, |x| x.observed_pct),
-        Better::Lower,
-        None,
-    ));
+    type Share = fn(&report::json_summary::RankSummary) -> Option<f64>;
+    let shares: [(&str, Share); 4] = [
+        (
+            "agent time on the training thread, share of step time",
+            |x| x.overhead_pct,
+        ),
+        ("agent CPU, share of the process's CPU time", |x| x.cpu_pct),
+        ("agent device time, share of step time", |x| x.device_pct),
+        (
+            "observed slowdown of sampled steps, share of step time",
+            |x| x.observed_pct,
+        ),
+    ];
+    for (metric, share) in shares {
+        rows.push(row(
+            "overhead",
+            &format!("{metric} (mean over ranks)"),
+            "%",
+            mean_over_ranks(a, share),
+            mean_over_ranks(b, share),
+            Better::Lower,
+            None,
+        ));
+    }
     let skipped = |r: &Report| Some(r.ranks.iter().map(|x| x.samples_skipped).sum::<i64>() as f64);
     rows.push(row(
         "overhead",
