@@ -10,7 +10,9 @@
 # 2. the device side's numbers against the float64 oracle (gpu_accuracy.py);
 # 3. the agent's cost on the GPT, 2 interleaved rounds of its 7 arms, with a profiled window
 #    (gpu_overhead.py);
-# 4. one DDP rank under torchrun (NCCL) sending to a collector: the rows that landed;
+# 4. one DDP rank under torchrun (NCCL) sending to a collector: the rows that landed, and
+#    what the metrics threads spent per sample (`compute_ms`, by method and by layer) on a
+#    float32 GPT of the overhead part's shape, whose layers the sketch measures;
 # 5. the cost again at a row cap of 256, where the metrics thread keeps up better
 #    (2 rounds, in what is left of about 10 minutes).
 #
@@ -61,7 +63,7 @@ EOF
     addr=$(grep -o '127\.0\.0\.1:[0-9]*' "$work/collector.log" | head -1)
     RANKSCOPE_COLLECTOR=$addr RANKSCOPE_RUN_ID=gpu-ddp RANKSCOPE_SAMPLE_EVERY=10 RANKSCOPE_OVERHEAD_BUDGET=100% \
         RANKSCOPE_SPILL_DIR=$work/spill timeout 90 $py -m torch.distributed.run --standalone --nproc-per-node 1 \
-        -m rankscope.examples.ddp_train --steps 200 --d-model 512 --layers 4 --seq 256 --vocab 1024 \
+        -m rankscope.examples.ddp_train --steps 200 --d-model 1024 --layers 8 --heads 16 --seq 512 --vocab 8192 \
         || echo "ddp: exit $?"
     kill -TERM $collector
     wait $collector
@@ -84,6 +86,16 @@ for name in ("steps", "layers", "comm", "events"):
                 print(f"  {c}: median {values[len(values) // 2]:.3f}, max {values[-1]:.3f}")
     if name == "layers" and rows:
         print(f"  measured (stable_rank set): {sum(r['stable_rank'] is not None for r in rows)} of {len(rows)}; steps {sorted({r['step'] for r in rows})}")
+        for method in sorted({r["method"] for r in rows}):
+            ms = sorted(r["compute_ms"] for r in rows if r["method"] == method and r.get("compute_ms") is not None)
+            if ms:
+                print(f"  compute_ms ({method!r}, {len(ms)}): median {ms[len(ms) // 2]:.1f}, p90 {ms[int(len(ms) * 0.9)]:.1f}, max {ms[-1]:.1f}")
+        by_layer = {}
+        for r in rows:
+            if r.get("compute_ms") is not None:
+                by_layer.setdefault(r["layer"], []).append(r["compute_ms"])
+        slowest = sorted(by_layer.items(), key=lambda kv: -sorted(kv[1])[len(kv[1]) // 2])[:6]
+        print("  slowest layers (median compute_ms):", ", ".join(f"{k} {sorted(v)[len(v) // 2]:.1f}" for k, v in slowest))
     if name == "events":
         for r in rows:
             print(f"  {r['kind']}: {str(r.get('message'))[:200]}")
