@@ -4,6 +4,7 @@
 //!
 //! - [`controller`]: [`OverheadBudget`] and the controller that keeps the agent
 //!   within it by taking fewer activation samples (plain arithmetic on CPU times);
+//! - [`counts`]: what the sampler reports, the samples' counts and the agent's cost;
 //! - [`cpu_clock`]: the process's and each thread's CPU clock;
 //! - [`observed`]: the observed slowdown, what sampling costs the training's step
 //!   times (plain arithmetic on them);
@@ -15,9 +16,11 @@
 //! side import it.
 
 pub mod controller;
+pub mod counts;
 pub mod cpu_clock;
 pub mod observed;
 pub(crate) mod sampler;
 
 pub use controller::OverheadBudget;
-pub use sampler::{ActivationSamples, Overhead, Share};
+pub use counts::{ActivationSamples, Overhead};
+pub use sampler::Share;

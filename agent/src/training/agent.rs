@@ -35,7 +35,7 @@ use super::profile::{self, Optimizer, Parameter};
 pub use super::recorder::PendingSample;
 use super::recorder::Recorder;
 use super::step::StepGuard;
-pub use crate::budget::sampler::{ActivationSamples, Overhead};
+pub use crate::budget::counts::{ActivationSamples, Overhead};
 use crate::config::{AgentConfig, AgentConfigBuilder, ConfigError, OnConfigError};
 use crate::sampling::worker::JobInput;
 use crate::sampling::{HostActivation, HostSample, MatrixOptions};

@@ -16,7 +16,8 @@ use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES};
 
 use super::comm::{self, CommTally};
 use super::memory::{DeviceBytes, DeviceMemory, RssReader};
-use crate::budget::sampler::{Overhead, Sampler};
+use crate::budget::counts::Overhead;
+use crate::budget::sampler::Sampler;
 use crate::config::AgentConfig;
 use crate::rows::now_us;
 use crate::sampling::buffers::SampleBuffers;
