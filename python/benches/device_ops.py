@@ -1,8 +1,9 @@
 """What the device side's reduction of one batch issues: torch calls from Python (each
 costs the thread that issues it a few microseconds of interpreter and launch time on a
 GPU) and the aten operations behind them (kernels, on a GPU), for a batch the exact path
-measures and one the sketch measures, with the reduction's time here (on the CPU, where
-it runs without a stream). With ``--against FILE`` the same counts for another version
+measures and one the sketch measures (to each depth of its schedule, where the version
+stops its Krylov process at a layer's learnt depth), with the reduction's time here (on
+the CPU, where it runs without a stream). With ``--against FILE`` the same counts for another version
 of ``rankscope/_device.py`` (``git show REV:python/rankscope/_device.py > FILE``), side by
 side in one run.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import statistics
 import sys
 from time import perf_counter_ns
@@ -56,6 +58,12 @@ def _load(path: str) -> Any:
 def _reductions(module: Any, batch: torch.Tensor) -> List[Tuple[str, Callable[[], Any]]]:
     """The exact path's reduction and the sketch's, as that version runs them."""
     exact = ("exact (Gram matrix)", lambda: module.reduce(batch, False))
+    if hasattr(module, "reduce_for_sketch") and "depths" in inspect.signature(module.reduce_for_sketch).parameters:
+        schedule = module._native.SKETCH_SCHEDULE
+        return [exact] + [
+            (f"sketch to depth {q}", lambda n=n: module.reduce_for_sketch(batch, False, 7, n))
+            for n, q in enumerate(schedule, start=1)
+        ]
     if hasattr(module, "reduce_for_sketch"):
         sketch = lambda: module.reduce_for_sketch(batch, False, 7)  # noqa: E731
     elif hasattr(module, "health_and_matrix"):

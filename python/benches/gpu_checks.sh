@@ -8,13 +8,14 @@
 #    beside the torch already there), then the wheel installed into a folder of its own
 #    (--no-deps --target), what the extension links, and `import rankscope`;
 # 2. the device side's numbers against the float64 oracle (gpu_accuracy.py);
-# 3. the agent's cost on the GPT, 2 interleaved rounds of its 7 arms, with a profiled window
-#    (gpu_overhead.py);
+# 3. the agent's cost on the GPT, 2 interleaved rounds of 7 of its arms, with a profiled
+#    window (gpu_overhead.py);
 # 4. one DDP rank under torchrun (NCCL) sending to a collector: the rows that landed, and
 #    what the metrics threads spent per sample (`compute_ms`, by method and by layer) on a
 #    float32 GPT of the overhead part's shape, whose layers the sketch measures;
-# 5. the cost again at a row cap of 256, where the metrics thread keeps up better
-#    (2 rounds, in what is left of about 10 minutes).
+# 5. the device's Krylov process as deep as each layer needs against always to the last
+#    depth (the arms full@10 and full@10-deepest, 2 rounds, in what is left of about 10
+#    minutes).
 #
 # Writes gpu-checks.log, pip-report.json and the profiled arms' kernel tables to OUT_DIR.
 # Each part has its own time limit; a failing part is reported and the next one runs.
@@ -54,7 +55,8 @@ EOF
     timeout 90 $py python/benches/gpu_accuracy.py --out "$work/accuracy" || echo "accuracy: exit $?"
 
     part "overhead: 2 rounds, profiled"
-    timeout 380 $py python/benches/gpu_overhead.py --rounds 2 --profile --profile-out "$out" || echo "overhead: exit $?"
+    timeout 380 $py python/benches/gpu_overhead.py --rounds 2 --profile --profile-out "$out" \
+        --arms none,steps,full@10,full@10-inline,full@10-1thread,full@1,default || echo "overhead: exit $?"
 
     part "one DDP rank under torchrun, to a collector"
     rankscope collector --listen 127.0.0.1:0 --out "$work/ddp" >"$work/collector.log" 2>&1 &
@@ -104,11 +106,11 @@ EOF
     # The last part takes what is left of about 10 minutes in all.
     left=$((580 - SECONDS))
     if [ "$left" -gt 60 ]; then
-        part "overhead at a row cap of 256 (${left} s at most)"
-        timeout "$left" $py python/benches/gpu_overhead.py --rounds 2 --arms none,full@10,default --max-rows 256 \
-            || echo "rows cap: exit $?"
+        part "the Krylov process as deep as each layer needs, or to the last depth (${left} s at most)"
+        timeout "$left" $py python/benches/gpu_overhead.py --rounds 2 --arms none,full@10,full@10-deepest \
+            || echo "depths: exit $?"
     else
-        part "overhead at a row cap of 256: skipped (${left} s left of 580)"
+        part "the Krylov process's depths: skipped (${left} s left of 580)"
     fi
     part done
 } 2>&1 | tee "$out/gpu-checks.log"

@@ -1,6 +1,6 @@
 """The agent's cost on a GPU, as the user feels it: wall time per step of a GPT
 (d 1024, 8 blocks, sequence 512, batch 16, bf16 autocast, fused AdamW; 52 watched
-layers) in seven arms, each its own process, interleaved over rounds so drifts of the
+layers) in eight arms, each its own process, interleaved over rounds so drifts of the
 machine hit every arm alike:
 
 - ``none``: no agent;
@@ -10,6 +10,9 @@ machine hit every arm alike:
   not the agent's thread, issues the device side's reductions;
 - ``full@10-1thread``: ``full@10`` with one metrics thread (``RANKSCOPE_METRICS_THREADS=1``;
   a CUDA rank starts two by default);
+- ``full@10-deepest``: ``full@10`` with every sketched batch's Krylov process run to the
+  schedule's last depth, as before each layer's ran only as deep as its last sample
+  needed (``agent/src/sampling/depths.rs``);
 - ``full@1``: every step sampled, budget 100 %;
 - ``default``: every 10th step at the default budget (2 %).
 
@@ -56,6 +59,7 @@ ARMS = {
     "full@10": {"sample_every": 10, "overhead_budget": 1.0},
     "full@10-inline": {"sample_every": 10, "overhead_budget": 1.0, "env": {"RANKSCOPE_DEVICE_THREAD": "0"}},
     "full@10-1thread": {"sample_every": 10, "overhead_budget": 1.0, "env": {"RANKSCOPE_METRICS_THREADS": "1"}},
+    "full@10-deepest": {"sample_every": 10, "overhead_budget": 1.0, "deepest": True},
     "full@1": {"sample_every": 1, "overhead_budget": 1.0},
     "default": {"sample_every": 10},
 }
@@ -124,6 +128,11 @@ def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool, max_row
         os.environ["RANKSCOPE_SPILL_DIR"] = spill
         options = dict(ARMS[arm], **({"max_rows": max_rows} if max_rows else {}))
         os.environ.update(options.pop("env", {}))
+        if options.pop("deepest", False):
+            from rankscope import _device
+
+            # Every batch to the last depth, whatever its layers needed before.
+            _device._batch_depths = lambda items: None
         agent = rankscope.init(collector="127.0.0.1:9", run_id=f"gpu-{arm.replace('@', '-every-')}", **options)
         agent.watch(model)
 

@@ -28,10 +28,11 @@ here, in torch operations:
    agent's thread they cost the training thread only the interpreter lock they hold.
    Where the sketch measures a sample (``RANKSCOPE_SPECTRUM``, ``docs/metrics.md``),
    the side stream runs the sketch's Krylov process on the sample's matrix instead
-   of its Gram matrix (:func:`krylov`: about 760 torch calls a batch), and only that
-   process's small matrices, about 1 MiB a sample, are copied to the host (the Gram
-   matrix is 64 MiB at 4,096 × 4,096): the metrics thread then does only the sketch's
-   small dense algebra;
+   of its Gram matrix (:func:`krylov`: about 360 torch calls a batch where its layers
+   vouch at the schedule's first depth, 760 to its last; each layer runs as deep as its
+   last sample needed), and only that process's small matrices, 0.2 to 1 MiB a
+   sample, are copied to the host (the Gram matrix is 64 MiB at 4,096 × 4,096): the
+   metrics thread then does only the sketch's small dense algebra;
 3. when that event has completed (a non-blocking query: the agent's thread looks
    every ``HAND_OVER_POLL_S`` while reductions are pending; without it, ``poll`` at a
    later step's end), the pinned buffers go to the extension, whose metrics thread
@@ -130,7 +131,7 @@ class _Taken:
     """A sample's matrix, copied on the training stream, waiting for the step's end;
     ``keep`` of its rows, drawn from ``seed``, are reduced (``None``: all)."""
 
-    __slots__ = ("token", "matrix", "centered", "nbytes", "sketch", "seed", "keep")
+    __slots__ = ("token", "matrix", "centered", "nbytes", "sketch", "seed", "keep", "depths")
 
     def __init__(
         self,
@@ -141,6 +142,7 @@ class _Taken:
         sketch: bool = False,
         seed: int = 0,
         keep: Optional[int] = None,
+        depths: Optional[int] = None,
     ) -> None:
         self.token = token
         self.matrix = matrix
@@ -149,6 +151,8 @@ class _Taken:
         self.sketch = sketch
         self.seed = seed
         self.keep = keep
+        # How many depths of the sketch's schedule its Krylov process runs (None: all).
+        self.depths = depths
 
     def shape(self) -> Tuple[int, int]:
         """The shape of what is reduced: the kept rows."""
@@ -255,16 +259,19 @@ class DeviceSide:
         centered: bool,
         sketch: bool = False,
         seed: int = 0,
+        depths: Optional[int] = None,
     ) -> None:
         """Copies one sample's matrix (called by the extension's hook on the training
         thread: one copy, nothing else on the device); its reduction starts at the
         step's end (:meth:`launch`). ``keep``: how many of its rows the reduction keeps,
         drawn from ``seed`` there, off the training thread (``None``: all). ``sketch``:
         the sketch measures it, so the device runs its Krylov process (:func:`krylov`),
-        drawing its random vectors from ``seed`` too."""
+        drawing its random vectors from ``seed`` too, to ``depths`` depths of the sketch's
+        schedule (``None``: all; the extension tells each layer's, learnt from its last
+        sample). The pool counts a sketched sample at its longest summary's bytes."""
         kept = keep if keep is not None else rows
         side = min(kept, cols)
-        nbytes = (_native.SKETCH_PACKED_LEN * 8 if sketch else side * side * 4) + 48
+        nbytes = (_native.SKETCH_PACKED_LENS[-1] * 8 if sketch else side * side * 4) + 48
         if self._pending_bytes + self._native.pinned_bytes_held() + nbytes > self._pool_bytes:
             self._native.hand_over_failed(
                 token,
@@ -277,7 +284,7 @@ class DeviceSide:
         matrix = tensor.detach().permute(*order).reshape(rows, cols)
         if matrix._is_view():
             matrix = matrix.clone()
-        self._taken.append(_Taken(token, matrix, centered, nbytes, sketch, seed, keep))
+        self._taken.append(_Taken(token, matrix, centered, nbytes, sketch, seed, keep, depths))
         self._add_pending_bytes(nbytes)
         self._taken_bytes += matrix.numel() * matrix.element_size()
         if self._taken_bytes > HELD_BYTES:
@@ -368,10 +375,14 @@ class DeviceSide:
         device = items[0].matrix.device
         centered = items[0].centered
         sketch = items[0].sketch
+        # A batch runs as deep as its deepest sample needs (its summaries hold every depth
+        # up to there, the analysis stops at each one's own).
+        depths = _batch_depths(items)
         if device.type != "cuda":
             # The same reduction without a stream (the extension's tests run it on CPU).
             reducing = perf_counter_ns()
-            health, trace, gram = _reduction(torch.stack([t.rows() for t in items]), centered, sketch, items[0].seed)
+            batch = torch.stack([t.rows() for t in items])
+            health, trace, gram = _reduction(batch, centered, sketch, items[0].seed, depths)
             gram = gram.contiguous()
             spent = perf_counter_ns() - reducing
             self._pending.append(_Pending(tokens, nbytes, None, None, health, gram, spent, trace))
@@ -384,7 +395,7 @@ class DeviceSide:
             started = torch.cuda.Event(enable_timing=True)
             started.record(stream)
             batch = torch.stack([t.rows() for t in items]) if len(items) > 1 else items[0].rows().unsqueeze(0)
-            health, trace, gram = _reduction(batch, centered, sketch, items[0].seed)
+            health, trace, gram = _reduction(batch, centered, sketch, items[0].seed, depths)
             host_trace = None
             if trace is not None:
                 host_trace = torch.empty(trace.shape, dtype=torch.float64, pin_memory=True)
@@ -573,44 +584,53 @@ def reduce(batch: torch.Tensor, centered: bool) -> Tuple[torch.Tensor, torch.Ten
     return health, gram
 
 
+def _batch_depths(items: List[_Taken]) -> Optional[int]:
+    """The depths a batch's Krylov process runs: its deepest sample's (``None``: all)."""
+    if any(t.depths is None for t in items):
+        return None
+    return max(t.depths for t in items)
+
+
 def _reduction(
-    batch: torch.Tensor, centered: bool, sketch: bool, seed: int
+    batch: torch.Tensor, centered: bool, sketch: bool, seed: int, depths: Optional[int] = None
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-    """A batch's health sums, and for the sketch its Σλ and packed Krylov summaries
-    (:func:`reduce_for_sketch`), else no Σλ and its float32 Gram matrices
-    (:func:`reduce`)."""
+    """A batch's health sums, and for the sketch its Σλ and packed Krylov summaries to
+    ``depths`` depths (:func:`reduce_for_sketch`), else no Σλ and its float32 Gram
+    matrices (:func:`reduce`)."""
     if sketch:
-        return reduce_for_sketch(batch, centered, seed)
+        return reduce_for_sketch(batch, centered, seed, depths)
     health, gram = reduce(batch, centered)
     return health, None, gram.float()
 
 
 def reduce_for_sketch(
-    batch: torch.Tensor, centered: bool, seed: int
+    batch: torch.Tensor, centered: bool, seed: int, depths: Optional[int] = None
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the host needs of k sample matrices alike that the sketch measures: their
     health sums, Σλ and packed Krylov summaries. Where the batch is bfloat16 or float16
     and its Gram matrix comes from the elements as they are (:func:`low_precision_gram`),
     the Krylov process runs on that matrix (:func:`krylov_on_gram`: each product reads
     G, a quarter of a 4,096 × 1,024 sample's float32 bytes); otherwise on the float32
-    matrix itself, G never formed (:func:`krylov`)."""
+    matrix itself, G never formed (:func:`krylov`). Either runs to ``depths`` depths of
+    the sketch's schedule (``None``: all)."""
     gram = _gram_as_is(batch, centered)
     if gram is not None:
         health = _health_beside(batch, gram)
-        trace, packed = krylov_on_gram(gram, seed)
+        trace, packed = krylov_on_gram(gram, seed, depths)
         return health, trace, packed
     health, matrix = health_and_matrix(batch, centered)
-    trace, packed = krylov(matrix, seed)
+    trace, packed = krylov(matrix, seed, depths)
     return health, trace, packed
 
 
-def krylov(matrix: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def krylov(matrix: torch.Tensor, seed: int, depths: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The sketch's Krylov process for k sample matrices alike (k × rows × cols, float32,
     from :func:`health_and_matrix`, which it scales in place), on their device: what the
     extension's ``KrylovSummary`` needs (``agent/src/sampling/sketch.rs`` analyses it;
     ``docs/metrics.md``, "Sketch mode", states the method). Returns each one's
-    Σλ = ‖X‖²_F (k, float64) and its packed summary (k × ``SKETCH_PACKED_LEN``,
-    float64, in ``KrylovSummary::from_packed``'s order).
+    Σλ = ‖X‖²_F (k, float64) and its packed summary to ``depths`` depths of the schedule
+    (``None``: all; k × ``SKETCH_PACKED_LENS[depths - 1]``, float64, in
+    ``KrylovSummary::from_packed``'s order).
 
     G, the Gram matrix of the smaller side (r × r), is never formed: a product G·V is
     Xᵀ(X·V) (or X(Xᵀ·V)), in float32 (float64 where the user allowed TF32), on X scaled
@@ -631,10 +651,10 @@ def krylov(matrix: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]
     def times(v: torch.Tensor) -> torch.Tensor:
         return torch.bmm(first_factor, torch.bmm(second_factor, v.to(product_type))).to(f64)
 
-    return trace, _krylov_space(times, matrix.shape[0], min(rows, cols), matrix.device, seed)
+    return trace, _krylov_space(times, matrix.shape[0], min(rows, cols), matrix.device, seed, depths)
 
 
-def krylov_on_gram(gram: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def krylov_on_gram(gram: torch.Tensor, seed: int, depths: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`krylov` for k Gram matrices alike (k × r × r, float32, which it scales in
     place), on their device: products G·V / Σλ in float32 (float64 where the user
     allowed TF32), Σλ its trace."""
@@ -647,26 +667,35 @@ def krylov_on_gram(gram: torch.Tensor, seed: int) -> Tuple[torch.Tensor, torch.T
     def times(v: torch.Tensor) -> torch.Tensor:
         return torch.bmm(g, v.to(product_type)).to(f64)
 
-    return trace, _krylov_space(times, gram.shape[0], gram.shape[1], gram.device, seed)
+    return trace, _krylov_space(times, gram.shape[0], gram.shape[1], gram.device, seed, depths)
 
 
-def _krylov_space(times: Any, k: int, r: int, device: torch.device, seed: int) -> torch.Tensor:
+def _krylov_space(
+    times: Any, k: int, r: int, device: torch.device, seed: int, depths: Optional[int] = None
+) -> torch.Tensor:
     """The sketch's block Krylov space of k operators G / Σλ (each r × r, applied by
     ``times`` to k × r × c float64 blocks, in float64), and its packed summaries.
 
     The same process as the host's sketch: a block Krylov space from ``SKETCH_BLOCK``
     orthonormalized Gaussian vectors and ``SKETCH_PROBES`` Rademacher probes (the
     extension's constants), drawn from ``seed`` by torch's generator on the device,
-    everything but the products in float64. It runs to the schedule's last depth,
-    since the device does not stop to ask; the host reads the depths in order and stops
-    at the first that vouches. Every new block is projected out of the space twice and
+    everything but the products in float64. It runs to the schedule's ``depths``-th
+    depth (``None``: the last), since the device does not stop to ask; the host reads
+    the depths in order and stops at the first that vouches. A smaller ``depths`` gives
+    the leading blocks of a deeper run's summary, to round-off: the extension runs each
+    layer as deep as its last sample needed (``agent/src/sampling/depths.rs``). Every new block is projected out of the space twice and
     orthonormalized by Cholesky QR twice (no branch on the device, no wait, no
     eigen-solver); a space that lost orthogonality all the same makes its round-off
     NaN, which the host reads as a sample it cannot measure. The space and its products
-    are filled in place: a batch issues about 760 torch calls and 880 kernels, whatever
-    its size (``python/benches/device_ops.py``).
+    are filled in place: a batch issues about 760 torch calls and 880 kernels to the
+    last depth, 360 and 410 to the first, whatever its size
+    (``python/benches/device_ops.py``).
     """
     b, m, schedule = _native.SKETCH_BLOCK, _native.SKETCH_PROBES, _native.SKETCH_SCHEDULE
+    depths = len(schedule) if depths is None else depths
+    if not 1 <= depths <= len(schedule):
+        raise ValueError(f"depths={depths} is not 1 to {len(schedule)}, the depths of the sketch's schedule {schedule}")
+    schedule = schedule[:depths]
     deepest = max(schedule)
     width = (deepest + 1) * b
     f64 = torch.float64
@@ -712,19 +741,18 @@ def _krylov_space(times: Any, k: int, r: int, device: torch.device, seed: int) -
     projected = 0.5 * (projected + projected.transpose(1, 2))
     squares = products.transpose(1, 2) @ products
     # A smaller depth's T, K and G·K are the leading blocks of the deepest's.
-    depths = [_depth(projected, basis, products, residuals[q], z, gz, (q + 1) * b) for q in schedule]
+    checked = [_depth(projected, basis, products, residuals[q], z, gz, (q + 1) * b) for q in schedule]
     # Orthonormality of the space, checked once: past 1e-8 the analysis would not hold.
     defect = torch.linalg.matrix_norm(basis.transpose(1, 2) @ basis - torch.eye(width, dtype=f64, device=device))
     lost = (defect > 1e-8) | ~torch.isfinite(defect)
     parts = [projected.reshape(k, -1), squares.reshape(k, -1)]
-    for residual_gram, off, outside, control in depths:
+    for residual_gram, off, outside, control in checked:
         off = torch.where(lost, torch.full_like(off, float("nan")), off)
         parts += [residual_gram.reshape(k, -1), off[:, None], outside, control]
     packed = torch.cat(parts, dim=1).contiguous()
-    if packed.shape[1] != _native.SKETCH_PACKED_LEN:
-        raise ValueError(
-            f"the packed sketch summary has {packed.shape[1]} values, not {_native.SKETCH_PACKED_LEN}"
-        )
+    expected = _native.SKETCH_PACKED_LENS[depths - 1]
+    if packed.shape[1] != expected:
+        raise ValueError(f"the packed sketch summary has {packed.shape[1]} values, not {expected}")
     return packed
 
 

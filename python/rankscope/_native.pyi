@@ -10,8 +10,9 @@ SKETCH_PROBES: int
 """The sketch's Rademacher probes."""
 SKETCH_SCHEDULE: List[int]
 """The Krylov depths at which the sketch checks its estimates."""
-SKETCH_PACKED_LEN: int
-"""The float64 values of one packed Krylov summary (``hand_over_sketched``)."""
+SKETCH_PACKED_LENS: List[int]
+"""The float64 values of one packed Krylov summary (``hand_over_sketched``) by the depths
+of ``SKETCH_SCHEDULE`` it holds: index 0 for the first depth alone, the last for all."""
 
 class ConfigError(ValueError):
     """A wrong rankscope setting: the message names the variable or keyword and the fix."""

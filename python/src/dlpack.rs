@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dlpark::ffi::{DLDataTypeCode, DLDeviceType};
 use dlpark::python::{ImportedDlpack, from_dlpack};
 use pyo3::prelude::*;
-use rankscope_agent::sampling::{ElementType, F32Buffer, F64Buffer, HostActivation, SampleError};
+use rankscope_agent::sampling::{
+    ElementType, F32Buffer, F64Buffer, HostActivation, KrylovSummary, SampleError,
+};
 
 /// DLPack's device type for CUDA-pinned host memory (`kDLCUDAHost`).
 const CUDA_HOST: DLDeviceType = DLDeviceType(3);
@@ -140,12 +142,22 @@ impl Pinned {
         Pinned::new(tensor, &[side, side], 32, "Gram matrix", held).map(PinnedGram)
     }
 
-    /// The sketch's packed float64 summary of `len` values.
+    /// The sketch's packed float64 summary, of the length of the depths the device ran
+    /// (`KrylovSummary::packed_len_of`).
     pub(crate) fn summary(
         tensor: &Bound<'_, PyAny>,
-        len: usize,
         held: Arc<AtomicU64>,
     ) -> Result<PinnedSummary, String> {
+        let len: usize = tensor
+            .call_method0("numel")
+            .and_then(|n| n.extract())
+            .map_err(|e| format!("the device side's sketch summary has no length: {e}"))?;
+        if KrylovSummary::depths_in(len).is_none() {
+            return Err(format!(
+                "the device side's sketch summary has {len} values, not a length of one of the schedule's depths ({:?})",
+                KrylovSummary::packed_lens()
+            ));
+        }
         Pinned::new(tensor, &[len as i64], 64, "sketch summary", held).map(PinnedSummary)
     }
 

@@ -221,6 +221,8 @@ fn take(
                 .method_on_device(kept as i64, plan.cols as i64)
                 == sampling::Method::Sketch;
             let seed = pending.seed;
+            // How far its Krylov process runs: as deep as this layer's last sample needed.
+            let depths = sketch.then(|| agent.sketch_depths(&pending.layer));
             let token = Py::new(
                 py,
                 NativePending {
@@ -243,6 +245,7 @@ fn take(
                     options.centered,
                     sketch,
                     seed,
+                    depths,
                 ),
             );
             if let Err(error) = submitted {

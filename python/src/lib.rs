@@ -302,12 +302,10 @@ impl NativeAgent {
         };
         self.hand_over_device(token, |_side| {
             let packed = match packed {
-                Some(p) => Some(Box::new(dlpack::Pinned::summary(
-                    p,
-                    KrylovSummary::packed_len(),
-                    self.pinned_held.clone(),
-                )?)
-                    as Box<dyn rankscope_agent::sampling::F64Buffer>),
+                Some(p) => Some(
+                    Box::new(dlpack::Pinned::summary(p, self.pinned_held.clone())?)
+                        as Box<dyn rankscope_agent::sampling::F64Buffer>,
+                ),
                 None => None,
             };
             Ok(SampleData::Sketched(Sketched {
@@ -669,7 +667,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SKETCH_BLOCK", SKETCH_BLOCK)?;
     m.add("SKETCH_PROBES", SKETCH_PROBES)?;
     m.add("SKETCH_SCHEDULE", SKETCH_SCHEDULE.to_vec())?;
-    m.add("SKETCH_PACKED_LEN", KrylovSummary::packed_len())?;
+    // A packed summary's length by the depths it holds (1 to the schedule's).
+    m.add("SKETCH_PACKED_LENS", KrylovSummary::packed_lens().to_vec())?;
     m.add_class::<NativeAgent>()?;
     m.add_class::<NativeStep>()?;
     m.add_class::<NativePhase>()?;

@@ -634,7 +634,7 @@ def test_the_device_sides_thread_reduces_every_sample_and_counts_its_time():
 def _native_packed_len() -> int:
     from rankscope import _native
 
-    return _native.SKETCH_PACKED_LEN
+    return _native.SKETCH_PACKED_LENS[-1]
 
 
 def observe_once(collector: "Collector", inputs: dict, device: bool, max_rows: int) -> None:
@@ -785,3 +785,86 @@ def test_the_device_runs_the_sketch_within_its_bounds(tmp_path, low_precision):
                 assert error <= bounds[name], (device, layer, name, value, truth[i])
     # The two columns the sketch is built around are stored for every sample.
     assert stored >= 2 * 4 * 2, stored
+
+
+def _with_spectrum(rows: int, eigenvalues: torch.Tensor, seed: int) -> torch.Tensor:
+    """A rows × len(eigenvalues) float32 matrix whose Gram matrix has those eigenvalues."""
+    g = torch.Generator().manual_seed(seed)
+    cols = len(eigenvalues)
+    u, _ = torch.linalg.qr(torch.randn(rows, cols, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(cols, cols, generator=g, dtype=torch.float64))
+    return ((u * eigenvalues.sqrt()) @ v.T).float()
+
+
+def test_a_layers_device_sketch_runs_as_deep_as_its_last_sample_needed(tmp_path, monkeypatch):
+    """The device side runs a layer's Krylov process only as deep as the layer's last
+    summary needed (agent/src/sampling/depths.rs): after its first sample, a layer whose
+    spectrum vouches at the schedule's first depth runs that one, and its columns are
+    those of a process run to every depth (to round-off: the products of a narrower
+    space round apart). A layer whose spectrum turns steeper than its depth allows
+    loses its unvouched columns in that one sample (null, with their _err over the
+    bound), then runs deeper, and again gives what every depth gives. The same run id
+    draws the same rows and vectors in both runs."""
+    from rankscope import _device
+
+    j = torch.arange(1, 601, dtype=torch.float64)
+    # 1/j vouches at the first depth, 1/j² at the second (measured on this sketch).
+    easy, steep = _with_spectrum(900, j**-1.0, 1), _with_spectrum(900, j**-2.0, 2)
+    # "turns" has its own shape, so that it is a batch of its own.
+    turns = [easy[:800], easy[:800], steep[:800], steep[:800]]
+    inputs = [{"easy": easy, "turns": t} for t in turns]
+    ran: list = []
+    original = _device._krylov_space
+
+    def spy(times, k, r, device, seed, depths=None):
+        ran.append((r, depths))
+        return original(times, k, r, device, seed, depths)
+
+    monkeypatch.setattr(_device, "_krylov_space", spy)
+    names = SPECTRAL + tuple(f"{n}_err" for n in SPECTRAL)
+    rows = {}
+    monkeypatch.setenv("RANKSCOPE_SPECTRUM", "sketch")
+    for path in ("learnt", "every_depth"):
+        if path == "every_depth":
+            monkeypatch.setattr(_device, "_batch_depths", lambda items: None)
+        collector = Collector(tmp_path / path)
+        agent = rankscope.init(collector=collector.addr, run_id="depths", sample_every=1, overhead_budget="100%")
+        through_device_side(agent)
+        ran.clear()
+        for step, observed in enumerate(inputs):
+            with agent.step(step):
+                for name, x in observed.items():
+                    agent.observe(name, x)
+            agent._device.poll()
+            # The next step's depths are learnt from this one's summaries.
+            deadline = time.monotonic() + 60
+            while agent._native.queued_samples() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert agent.finish().complete
+        assert collector.stop() == 0
+        if path == "learnt":
+            # Both layers have side 600; the easy one's batch comes first at each step.
+            assert [d for _, d in ran] == [3, 3, 1, 1, 1, 1, 1, 2], ran
+        else:
+            assert all(d is None for _, d in ran), ran
+        sql = f"select layer, step, method, {', '.join(names)} from {table(collector.out, 'layers')} order by layer, step"
+        for line in duckdb(sql).splitlines():
+            layer, step, *values = line.split(",")
+            rows[(path, layer, int(step))] = values
+    assert len(rows) == 2 * 2 * len(inputs), sorted(rows)
+    for layer in ("easy", "turns"):
+        for step in range(len(inputs)):
+            learnt, every = rows[("learnt", layer, step)], rows[("every_depth", layer, step)]
+            if (layer, step) != ("turns", 2):
+                assert learnt[0] == every[0] == "sketch", (layer, step, learnt, every)
+                for x, y in zip(learnt[1:], every[1:]):
+                    assert (x in ("", "NULL")) == (y in ("", "NULL")), (layer, step, learnt, every)
+                    if x not in ("", "NULL"):
+                        assert math.isclose(float(x), float(y), rel_tol=1e-5), (layer, step, learnt, every)
+                continue
+            # One depth where it needed two: a column over its bound is null, its
+            # estimate kept; every depth measured it.
+            n = len(SPECTRAL)
+            missing = [i for i in range(n) if learnt[1 + i] in ("", "NULL")]
+            assert missing and all(learnt[1 + n + i] not in ("", "NULL") for i in missing), learnt
+            assert all(every[1 + i] not in ("", "NULL") for i in range(n - 1)), every

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "benches" / "gpu_overhead.py"
-ARMS = ("none", "steps", "full@10", "full@1", "default")
+ARMS = ("none", "steps", "full@10", "full@10-deepest", "full@1", "default")
 
 
 def bench_env() -> dict:

@@ -17,6 +17,7 @@
 use faer::MatRef;
 use rankscope_proto::v1::LayerRow;
 
+use super::depths::SummaryDepths;
 use super::exact::{exact_spectral, gram_spectral};
 use super::gram::GramOperator;
 use super::health::{Health, sums};
@@ -50,6 +51,9 @@ pub struct LayerMetrics {
     pub zero_fraction: Option<f64>,
     /// NaN and ±Inf elements in the sample.
     pub nonfinite: u64,
+    /// Where a device's Krylov summary was analysed: the depths it held and needed,
+    /// which that layer's next sample learns from ([`super::depths`]). Not a column.
+    pub summary_depths: Option<SummaryDepths>,
 }
 
 /// The metrics of a sample, with or without centring, with the spectrum method
@@ -129,12 +133,13 @@ pub fn measure_with(
                             // The device ran the sketch: no Gram matrix here to fall back
                             // to, so a column the sketch cannot vouch for is null.
                             let sketch = sketch_summarized(&summary, sketched.trace, policy.goal);
+                            out.summary_depths = SummaryDepths::of(summary.depths.len(), &sketch);
                             Some((Method::Sketch, sketch.spectral, sketch.errors))
                         }
                         None => {
                             tracing::warn!(
                                 values = packed.values().len(),
-                                expected = KrylovSummary::packed_len(),
+                                deepest = KrylovSummary::packed_len(),
                                 "a sketched sample's packed Krylov summary has the wrong length"
                             );
                             None

@@ -10,6 +10,8 @@
 //!   matrix, or the sketch's [`sketch::KrylovSummary`], packed) and the activation → matrix
 //!   table;
 //! - [`buffers`]: the reused buffers samples are read into;
+//! - [`depths`]: how many depths of the sketch's schedule each layer's device Krylov
+//!   process runs, learnt from that layer's last summary;
 //! - [`measure`]: a sample → its `layers` metrics, on the metrics thread, using
 //!   - `health`: `mean`, `std`, `zero_fraction`, `nonfinite`;
 //!   - `exact`: the float64 Gram eigen-solve (faer);
@@ -26,6 +28,7 @@
 //! side. Within it, imports run down the list above: `spectral` imports no other part.
 
 pub mod buffers;
+pub mod depths;
 mod exact;
 pub mod gram;
 mod health;

@@ -232,24 +232,48 @@ pub struct KrylovSummary {
 }
 
 impl KrylovSummary {
-    /// The float64 values of a packed summary of r = `side`: what an adapter's device
-    /// writes into one host buffer, in this order (row-major):
-    /// - T (K × K, K = ([`SKETCH_SCHEDULE`]'s last + 1)·[`SKETCH_BLOCK`]), then (GK)ᵀ(GK)
-    ///   (K × K);
-    /// - per depth of [`SKETCH_SCHEDULE`], in order: RᵀR (b × b), the round-off (1), the
-    ///   probes' ‖G·(I − P)·z‖² (m), their zᵀ(I − P)·G·(I − P)z (m).
-    pub const fn packed_len() -> usize {
-        let k = DEEPEST_SPACE;
-        2 * k * k + SKETCH_SCHEDULE.len() * (SKETCH_BLOCK * SKETCH_BLOCK + 1 + 2 * SKETCH_PROBES)
+    /// The float64 values of a packed summary that checks the first `depths` depths of
+    /// [`SKETCH_SCHEDULE`] (1 to its length): what an adapter's device writes into one
+    /// host buffer, in this order (row-major):
+    /// - T (K × K, K = (q + 1)·[`SKETCH_BLOCK`], q the last of those depths), then
+    ///   (GK)ᵀ(GK) (K × K);
+    /// - per depth, in order: RᵀR (b × b), the round-off (1), the probes'
+    ///   ‖G·(I − P)·z‖² (m), their zᵀ(I − P)·G·(I − P)z (m).
+    ///
+    /// 0 for `depths` outside the schedule.
+    pub const fn packed_len_of(depths: usize) -> usize {
+        if depths == 0 || depths > SKETCH_SCHEDULE.len() {
+            return 0;
+        }
+        let k = (SKETCH_SCHEDULE[depths - 1] + 1) * SKETCH_BLOCK;
+        2 * k * k + depths * (SKETCH_BLOCK * SKETCH_BLOCK + 1 + 2 * SKETCH_PROBES)
     }
 
-    /// The summary in `values` ([`KrylovSummary::packed_len`] of them, in its order);
-    /// `None` for another length.
+    /// The packed length of a summary of every depth of the schedule: the largest.
+    pub const fn packed_len() -> usize {
+        Self::packed_len_of(SKETCH_SCHEDULE.len())
+    }
+
+    /// [`KrylovSummary::packed_len_of`] for 1 depth, 2, … to the schedule's.
+    pub fn packed_lens() -> [usize; SKETCH_SCHEDULE.len()] {
+        std::array::from_fn(|i| Self::packed_len_of(i + 1))
+    }
+
+    /// How many depths of the schedule a packed summary of `len` values checks, if
+    /// `len` is one of [`KrylovSummary::packed_len_of`]'s lengths.
+    pub fn depths_in(len: usize) -> Option<usize> {
+        (1..=SKETCH_SCHEDULE.len()).find(|&depths| Self::packed_len_of(depths) == len)
+    }
+
+    /// The summary in `values` (in [`KrylovSummary::packed_len_of`]'s order, the number
+    /// of depths told by their count); `None` for a length that is none of those.
     pub fn from_packed(side: usize, values: &[f64]) -> Option<KrylovSummary> {
-        if values.len() != Self::packed_len() {
-            return None;
-        }
-        let (k, b, m) = (DEEPEST_SPACE, SKETCH_BLOCK, SKETCH_PROBES);
+        let depths = Self::depths_in(values.len())?;
+        let (k, b, m) = (
+            (SKETCH_SCHEDULE[depths - 1] + 1) * SKETCH_BLOCK,
+            SKETCH_BLOCK,
+            SKETCH_PROBES,
+        );
         let mut rest = values;
         let mut take = |n: usize| {
             let (head, tail) = rest.split_at(n);
@@ -259,7 +283,7 @@ impl KrylovSummary {
         let square = |v: &[f64], n: usize| Mat::from_fn(n, n, |i, j| v[i * n + j]);
         let projected = square(take(k * k), k);
         let squares = square(take(k * k), k);
-        let depths = SKETCH_SCHEDULE
+        let depths = SKETCH_SCHEDULE[..depths]
             .iter()
             .map(|&steps| Depth {
                 steps,

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use rankscope_proto::v1::EventRow;
 
 use super::buffers::SampleBuffers;
+use super::depths::SketchDepths;
 use super::host::{HostSample, SampleMatrix};
 use super::measure::measure;
 use super::options::{SpectrumMode, SpectrumOptions};
@@ -154,6 +155,7 @@ impl Worker {
         threads: usize,
         counters: Arc<WorkerCounters>,
         buffers: Arc<SampleBuffers>,
+        sketch_depths: Arc<SketchDepths>,
     ) -> std::io::Result<Worker> {
         // Unbounded as a channel: the training side admits a step only when the
         // queue has room for all its samples (`Sampler::decide`), which bounds it.
@@ -174,6 +176,7 @@ impl Worker {
                 spectrum,
                 counters: counters.clone(),
                 buffers: buffers.clone(),
+                sketch_depths: sketch_depths.clone(),
                 abandon: abandon.clone(),
             };
             let rx = rx.clone();
@@ -238,6 +241,7 @@ struct Measuring {
     spectrum: SpectrumOptions,
     counters: Arc<WorkerCounters>,
     buffers: Arc<SampleBuffers>,
+    sketch_depths: Arc<SketchDepths>,
     abandon: Arc<AtomicBool>,
 }
 
@@ -251,6 +255,7 @@ impl Measuring {
             spectrum,
             counters,
             buffers,
+            sketch_depths,
             abandon,
         } = self;
         warm_up(centered, &spectrum);
@@ -297,6 +302,9 @@ impl Measuring {
                 }
             };
             let m = measure(&mut sample, centered, &spectrum);
+            if let Some(seen) = m.summary_depths {
+                sketch_depths.learn(&job.layer, seen);
+            }
             let compute_ms = started.elapsed().as_secs_f64() * 1e3;
             if let Some(buffer) = sample.into_buffer() {
                 buffers.give_back(&job.layer, buffer);

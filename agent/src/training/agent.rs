@@ -176,6 +176,18 @@ impl Agent {
         })
     }
 
+    /// For an adapter whose device runs the sketch's Krylov process: how many depths of
+    /// [`crate::sampling::SKETCH_SCHEDULE`] to run for a sample of layer `name`, learnt
+    /// from its earlier samples ([`crate::sampling::depths`]); all of them on an inert
+    /// agent.
+    pub fn sketch_depths(&self, name: &str) -> usize {
+        self.recorder
+            .as_ref()
+            .map_or(crate::sampling::SKETCH_SCHEDULE.len(), |r| {
+                r.sketch_depths.to_run(name)
+            })
+    }
+
     /// How this rank's samples are made (row cap, centring, conv layout, spectrum).
     pub fn matrix_options(&self) -> Option<MatrixOptions> {
         self.recorder.as_ref().map(|r| r.options)

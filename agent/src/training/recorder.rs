@@ -21,6 +21,7 @@ use crate::budget::sampler::Sampler;
 use crate::config::AgentConfig;
 use crate::rows::now_us;
 use crate::sampling::buffers::SampleBuffers;
+use crate::sampling::depths::SketchDepths;
 use crate::sampling::worker::{self, JobInput, Worker};
 use crate::sampling::{
     self, ConvLayout, HostActivation, HostSample, MatrixOptions, SpectrumOptions,
@@ -82,6 +83,8 @@ pub(crate) struct Recorder {
     pub(crate) options: MatrixOptions,
     /// The buffers the training thread copies samples into.
     pub(super) buffers: Arc<SampleBuffers>,
+    /// How deep each layer's device sketch runs, learnt by the metrics threads.
+    pub(super) sketch_depths: Arc<SketchDepths>,
     /// This rank's identity as sent to the collector; its `ranks` row at finish.
     hello: Hello,
     report: OnceLock<FinishReport>,
@@ -143,6 +146,7 @@ impl Recorder {
             transport.tick_clocks(),
         );
         let buffers = Arc::new(SampleBuffers::default());
+        let sketch_depths = Arc::new(SketchDepths::default());
         let (worker, queue) = if config.samples_layers() {
             let w = Worker::start(
                 transport.clone(),
@@ -151,6 +155,7 @@ impl Recorder {
                 config.metrics_threads,
                 sampler.worker.clone(),
                 buffers.clone(),
+                sketch_depths.clone(),
             )?;
             let queue = w.sender();
             (Some(w), queue)
@@ -175,6 +180,7 @@ impl Recorder {
             shapes: Mutex::new(Vec::new()),
             options,
             buffers,
+            sketch_depths,
             hello,
             report: OnceLock::new(),
         })

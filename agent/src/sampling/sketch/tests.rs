@@ -5,7 +5,7 @@
 use faer::{Mat, MatRef};
 
 use super::{
-    Depth, Krylov, KrylovSummary, SKETCH_BOUNDS, SKETCH_SCHEDULE, Sketch, SketchGoal,
+    Depth, Krylov, KrylovSummary, SKETCH_BLOCK, SKETCH_BOUNDS, SKETCH_SCHEDULE, Sketch, SketchGoal,
     sketch_spectral, sketch_summarized,
 };
 use crate::sampling::gram::GramOperator;
@@ -350,4 +350,70 @@ fn a_summary_it_cannot_read_gives_no_spectrum() {
         );
     }
     assert!(!sketch_summarized(&good, f64::NAN, goal).vouched);
+}
+
+/// `summary`'s first `depths` depths in [`KrylovSummary::from_packed`]'s order, as a
+/// device that ran its Krylov process that far packs them.
+fn packed(summary: &KrylovSummary, depths: usize) -> Vec<f64> {
+    let k = (SKETCH_SCHEDULE[depths - 1] + 1) * SKETCH_BLOCK;
+    let mut out = Vec::new();
+    for m in [&summary.projected, &summary.squares] {
+        out.extend((0..k).flat_map(|i| (0..k).map(move |j| m[(i, j)])));
+    }
+    for d in &summary.depths[..depths] {
+        let b = d.residual_gram.nrows();
+        out.extend((0..b).flat_map(|i| (0..b).map(move |j| d.residual_gram[(i, j)])));
+        out.push(d.off);
+        out.extend(&d.probe_outside);
+        out.extend(&d.probe_control);
+    }
+    out
+}
+
+/// A device that stops its Krylov process at a depth of the schedule packs a shorter
+/// summary: read back, it gives what the host's sketch gives wherever that stopped at or
+/// before that depth, bit for bit, and otherwise the same estimates it had there,
+/// unvouched. A length of none of the schedule's prefixes is refused.
+#[test]
+fn a_summary_of_fewer_depths_gives_what_those_depths_give() {
+    let r = 640;
+    let goal = SketchGoal::AllColumns;
+    let mut stopped_early = 0;
+    for (i, (name, lambda)) in known_spectra(r).into_iter().enumerate() {
+        let g = with_spectrum(&lambda, 20 + i as u64);
+        let trace: f64 = (0..r).map(|j| f64::from(g[(j, j)])).sum();
+        let op = GramOperator::Explicit(g.as_ref());
+        let full = host_summary(&op, trace, 5);
+        let sketch = sketch_spectral(&op, trace, 5, goal);
+        for depths in 1..=SKETCH_SCHEDULE.len() {
+            let values = packed(&full, depths);
+            assert_eq!(values.len(), KrylovSummary::packed_len_of(depths));
+            assert_eq!(KrylovSummary::depths_in(values.len()), Some(depths));
+            let read = KrylovSummary::from_packed(r, &values).expect("a schedule prefix");
+            assert_eq!(read.depths.len(), depths);
+            let summarized = sketch_summarized(&read, trace, goal);
+            if sketch.steps <= SKETCH_SCHEDULE[depths - 1] {
+                assert_eq!(summarized, sketch, "{name} at {depths} depths");
+            } else {
+                stopped_early += 1;
+                assert!(!summarized.vouched, "{name} at {depths} depths");
+                assert_eq!(summarized.steps, SKETCH_SCHEDULE[depths - 1]);
+            }
+        }
+    }
+    assert!(
+        stopped_early > 0,
+        "some spectrum needs more than the first depth"
+    );
+    let full = KrylovSummary::packed_len();
+    assert_eq!(full, KrylovSummary::packed_len_of(SKETCH_SCHEDULE.len()));
+    for len in [0, 1, full - 1, full + 1] {
+        assert_eq!(
+            KrylovSummary::from_packed(r, &vec![0.0; len]),
+            None,
+            "{len}"
+        );
+    }
+    assert_eq!(KrylovSummary::packed_len_of(0), 0);
+    assert_eq!(KrylovSummary::packed_len_of(SKETCH_SCHEDULE.len() + 1), 0);
 }
