@@ -122,7 +122,9 @@ class Agent:
         self._deferred: Optional[_Deferred] = _Deferred(native) if self._cuda else None
         self._device: Optional[_device.DeviceSide] = None
         if self._cuda:
-            self._device = _device.DeviceSide(native, _device.pool_bytes_from_env())
+            self._device = _device.DeviceSide(
+                native, _device.pool_bytes_from_env(), copy_bytes=_device.copy_bytes_from_env()
+            )
             native._set_device_side(self._device)
             native._set_device_memory(_device.device_memory(_local_device()))
         self._report: Optional[Report] = None

@@ -61,6 +61,13 @@ skipped and counted (``samples_dropped``, with a ``sample_unreadable`` event nam
 the pool). A batch's Gram matrices share one pinned buffer, freed when the metrics
 thread is done with its last sample, so the memory held can pass the bound by at most
 one batch's.
+
+The agent's copies of sampled activations are bounded too, on the device:
+``RANKSCOPE_DEVICE_COPY_BYTES`` (default 2 % of the GPU's memory: 2.8 GB on an H200)
+bounds the bytes of copies taken and not yet reduced. A sample whose copy would pass it
+is skipped before the copy and counted like the pool's. Besides the copies the side
+stream needs the working memory of the one batch it reduces (its float32 samples are
+at most ``SKETCH_GROUP_BYTES``, and the casts and products beside them).
 """
 
 from __future__ import annotations
@@ -78,6 +85,9 @@ from . import _native
 
 POOL_BYTES_VARIABLE = "RANKSCOPE_PINNED_POOL_BYTES"
 DEFAULT_POOL_BYTES = 1 << 30
+COPY_BYTES_VARIABLE = "RANKSCOPE_DEVICE_COPY_BYTES"
+# The default bound on the copies: this share of the GPU's memory.
+DEFAULT_COPY_SHARE = 0.02
 THREAD_VARIABLE = "RANKSCOPE_DEVICE_THREAD"
 # The most float32 bytes of samples one reduction stacks (a chunk holds at least one):
 # 64 MiB is one 4,096 × 4,096 sample, so the side stream's working memory stays what
@@ -110,9 +120,21 @@ def threaded_from_env() -> bool:
 
 def pool_bytes_from_env() -> int:
     """The pinned-memory pool's bound from ``RANKSCOPE_PINNED_POOL_BYTES``."""
-    text = os.environ.get(POOL_BYTES_VARIABLE)
+    value = _bytes_from_env(POOL_BYTES_VARIABLE, f"{DEFAULT_POOL_BYTES}, 1 GiB")
+    return DEFAULT_POOL_BYTES if value is None else value
+
+
+def copy_bytes_from_env() -> Optional[int]:
+    """The bound on the device copies from ``RANKSCOPE_DEVICE_COPY_BYTES`` (``None``: the
+    default, 2 % of each GPU's memory)."""
+    return _bytes_from_env(COPY_BYTES_VARIABLE, "2 % of the GPU's memory")
+
+
+def _bytes_from_env(variable: str, default: str) -> Optional[int]:
+    """A byte count from ``variable`` (``None`` where it is unset or blank)."""
+    text = os.environ.get(variable)
     if text is None or text.strip() == "":
-        return DEFAULT_POOL_BYTES
+        return None
     try:
         value = int(text)
     except ValueError:
@@ -121,8 +143,7 @@ def pool_bytes_from_env() -> int:
         from ._native import ConfigError
 
         raise ConfigError(
-            f"{POOL_BYTES_VARIABLE}={text!r} is not a byte count: give a whole number of "
-            f"bytes, at least 1 (default {DEFAULT_POOL_BYTES}, 1 GiB)"
+            f"{variable}={text!r} is not a byte count: give a whole number of bytes, at least 1 (default {default})"
         )
     return value
 
@@ -131,7 +152,7 @@ class _Taken:
     """A sample's matrix, copied on the training stream, waiting for the step's end;
     ``keep`` of its rows, drawn from ``seed``, are reduced (``None``: all)."""
 
-    __slots__ = ("token", "matrix", "centered", "nbytes", "sketch", "seed", "keep", "depths")
+    __slots__ = ("token", "matrix", "centered", "nbytes", "sketch", "seed", "keep", "depths", "copy_bytes")
 
     def __init__(
         self,
@@ -153,6 +174,8 @@ class _Taken:
         self.keep = keep
         # How many depths of the sketch's schedule its Krylov process runs (None: all).
         self.depths = depths
+        # The copy's bytes on its device, held until its reduction has completed.
+        self.copy_bytes = matrix.numel() * matrix.element_size()
 
     def shape(self) -> Tuple[int, int]:
         """The shape of what is reduced: the kept rows."""
@@ -174,7 +197,7 @@ class _Taken:
 class _Pending:
     """One group's reduction, launched: its samples' tokens and pinned results."""
 
-    __slots__ = ("tokens", "nbytes", "started", "event", "health", "gram", "device_ns", "trace")
+    __slots__ = ("tokens", "nbytes", "started", "event", "health", "gram", "device_ns", "trace", "copy_bytes")
 
     def __init__(
         self,
@@ -186,6 +209,7 @@ class _Pending:
         gram: torch.Tensor,
         device_ns: int = 0,
         trace: Optional[torch.Tensor] = None,
+        copy_bytes: int = 0,
     ):
         self.tokens = tokens
         self.nbytes = nbytes
@@ -200,6 +224,8 @@ class _Pending:
         self.trace = trace
         # Without a stream: the reduction's own time.
         self.device_ns = device_ns
+        # The device copies its samples held, free once the reduction has completed.
+        self.copy_bytes = copy_bytes
 
 
 class _Launch:
@@ -216,9 +242,16 @@ class _Launch:
 class DeviceSide:
     """Reduces samples of GPU activations on a side stream (see the module)."""
 
-    def __init__(self, native: Any, pool_bytes: int, threaded: Optional[bool] = None) -> None:
+    def __init__(
+        self, native: Any, pool_bytes: int, threaded: Optional[bool] = None, copy_bytes: Optional[int] = None
+    ) -> None:
         self._native = native
         self._pool_bytes = pool_bytes
+        # The bound on the device copies (None: 2 % of each GPU's memory, none on a CPU),
+        # per device, and the bytes they hold now (guarded by _lock).
+        self._copy_bound = copy_bytes
+        self._copy_bounds: Dict[Any, Optional[int]] = {}
+        self._copies_held = 0
         self._streams: Dict[int, Any] = {}
         self._taken: List[_Taken] = []
         self._taken_bytes = 0
@@ -244,9 +277,19 @@ class DeviceSide:
             self._streams[index] = stream
         return stream
 
-    def _add_pending_bytes(self, nbytes: int) -> None:
+    def _add_pending_bytes(self, nbytes: int, copy_bytes: int = 0) -> None:
         with self._lock:
             self._pending_bytes += nbytes
+            self._copies_held += copy_bytes
+
+    def _copy_bound_of(self, device: torch.device) -> Optional[int]:
+        """The bound on the copies on ``device`` (read once per device)."""
+        if device not in self._copy_bounds:
+            bound = self._copy_bound
+            if bound is None and device.type == "cuda":
+                bound = int(torch.cuda.get_device_properties(device).total_memory * DEFAULT_COPY_SHARE)
+            self._copy_bounds[device] = bound
+        return self._copy_bounds[device]
 
     def submit(
         self,
@@ -279,13 +322,23 @@ class DeviceSide:
                 f"has no room for this sample's {nbytes} bytes",
             )
             return
+        copy_bytes = tensor.numel() * tensor.element_size()
+        bound = self._copy_bound_of(tensor.device)
+        if bound is not None and self._copies_held + copy_bytes > bound:
+            self._native.hand_over_failed(
+                token,
+                f"skipped: the agent's device copies ({COPY_BYTES_VARIABLE}={bound}) "
+                f"have no room for this sample's {copy_bytes} bytes",
+            )
+            return
         # 1. The training stream: the agent's own copy of the matrix (a reshape that
         # could not be a view has copied it already).
         matrix = tensor.detach().permute(*order).reshape(rows, cols)
         if matrix._is_view():
             matrix = matrix.clone()
-        self._taken.append(_Taken(token, matrix, centered, nbytes, sketch, seed, keep, depths))
-        self._add_pending_bytes(nbytes)
+        taken = _Taken(token, matrix, centered, nbytes, sketch, seed, keep, depths)
+        self._taken.append(taken)
+        self._add_pending_bytes(nbytes, taken.copy_bytes)
         self._taken_bytes += matrix.numel() * matrix.element_size()
         if self._taken_bytes > HELD_BYTES:
             self._launch()
@@ -366,7 +419,7 @@ class DeviceSide:
     def _fail(self, items: List[_Taken], error: BaseException) -> None:
         why = str(error).splitlines()[0] if str(error) else type(error).__name__
         for t in items:
-            self._add_pending_bytes(-t.nbytes)
+            self._add_pending_bytes(-t.nbytes, -t.copy_bytes)
             self._native.hand_over_failed(t.token, f"the device side failed: {why}")
 
     def _reduce(self, items: List[_Taken], ready: Any) -> None:
@@ -378,6 +431,7 @@ class DeviceSide:
         # A batch runs as deep as its deepest sample needs (its summaries hold every depth
         # up to there, the analysis stops at each one's own).
         depths = _batch_depths(items)
+        copy_bytes = sum(t.copy_bytes for t in items)
         if device.type != "cuda":
             # The same reduction without a stream (the extension's tests run it on CPU).
             reducing = perf_counter_ns()
@@ -385,7 +439,7 @@ class DeviceSide:
             health, trace, gram = _reduction(batch, centered, sketch, items[0].seed, depths)
             gram = gram.contiguous()
             spent = perf_counter_ns() - reducing
-            self._pending.append(_Pending(tokens, nbytes, None, None, health, gram, spent, trace))
+            self._pending.append(_Pending(tokens, nbytes, None, None, health, gram, spent, trace, copy_bytes))
             return
         stream = self._stream(device)
         # 2. The side stream, from where the training stream recorded `ready`; on the
@@ -409,7 +463,9 @@ class DeviceSide:
         # The copies were made on the training stream and are read on the side stream.
         for t in items:
             t.matrix.record_stream(stream)
-        self._pending.append(_Pending(tokens, nbytes, started, event, host_health, host_gram, 0, host_trace))
+        self._pending.append(
+            _Pending(tokens, nbytes, started, event, host_health, host_gram, 0, host_trace, copy_bytes)
+        )
 
     def launch(self) -> None:
         """At a step's end, before its row is made: starts the reduction of the
@@ -452,7 +508,7 @@ class DeviceSide:
             self._hand_over(item)
 
     def _hand_over(self, item: _Pending) -> None:
-        self._add_pending_bytes(-sum(item.nbytes))
+        self._add_pending_bytes(-sum(item.nbytes), -item.copy_bytes)
         # Both events have completed: reading their elapsed time does not wait.
         device_ns = item.device_ns
         if item.started is not None:

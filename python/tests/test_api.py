@@ -479,6 +479,45 @@ class _FakeNative:
         self.handed.append((token, finite, packed.shape if packed is not None else None))
 
 
+def test_the_device_sides_two_bounds_skip_a_sample_and_free_with_its_reduction(monkeypatch):
+    """The pinned-memory pool and the bound on the device copies each skip a sample that
+    would pass them, before its copy, handed over as failed with a message naming the
+    variable; their bytes come back once the samples taken are reduced and handed over,
+    and the next step's samples fit again. Bad values are refused by name."""
+    from rankscope import _device
+    from rankscope._native import ConfigError
+
+    x = torch.randn(30, 8)  # 960 bytes to copy; a Gram matrix of 8 × 8 (and 48) to pin: 304
+    pinned = 8 * 8 * 4 + 48
+    for pool, copies, why in (
+        (2 * pinned, None, "RANKSCOPE_PINNED_POOL_BYTES=608"),
+        (_device.DEFAULT_POOL_BYTES, 2 * 960, "RANKSCOPE_DEVICE_COPY_BYTES=1920"),
+    ):
+        native = _FakeNative()
+        side = _device.DeviceSide(native, pool, copy_bytes=copies)
+        for token in ("a", "b", "c"):
+            side.submit(x, token, (0, 1), 30, 8, None, False)
+        assert len(side._taken) == 2 and native.handed[0][0] == "c", native.handed
+        assert why in native.handed[0][1] and "skipped" in native.handed[0][1], native.handed
+        side.poll()
+        assert side._pending_bytes == 0 and side._copies_held == 0
+        side.submit(x, "d", (0, 1), 30, 8, None, False)
+        side.flush()
+        assert [h[0] for h in native.handed] == ["c", "a", "b", "d"], native.handed
+    for variable, read in (
+        ("RANKSCOPE_DEVICE_COPY_BYTES", _device.copy_bytes_from_env),
+        ("RANKSCOPE_PINNED_POOL_BYTES", _device.pool_bytes_from_env),
+    ):
+        monkeypatch.setenv(variable, "2G")
+        with pytest.raises(ConfigError, match=f"{variable}='2G' is not a byte count"):
+            read()
+        monkeypatch.setenv(variable, "4096")
+        assert read() == 4096
+        monkeypatch.delenv(variable)
+    assert _device.copy_bytes_from_env() is None
+    assert _device.pool_bytes_from_env() == _device.DEFAULT_POOL_BYTES
+
+
 def test_a_reduction_that_fails_hands_its_samples_over_as_failed(monkeypatch):
     """An exception in the device side's reduction (out of memory, say) reaches neither
     the training loop nor the other samples: the batch's samples are handed over as
