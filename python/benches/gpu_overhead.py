@@ -25,7 +25,8 @@ observed slowdown of the sampled steps) against the slowdown measured here (the 
 step time less ``none``'s, over the steps). ``full@1`` has no unsampled step to
 compare with, so its observed slowdown reads 0 and its recorded cost is the device
 time alone. Per arm it also prints where a sample's cost went: the device time and
-the metrics thread's CPU time per sample, and the planned samples skipped per share.
+the metrics thread's CPU time per sample, the planned samples skipped per share, and
+the sketched batches by the depths of the sketch's schedule their Krylov process ran.
 
 With ``--profile`` the ``none`` and ``full@10`` arms of the first round also run 20
 steps under ``torch.profiler`` (``full@10`` once its metrics thread has caught up, so
@@ -121,6 +122,8 @@ def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool, max_row
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=not smoke)
     data = torch.randint(0, vocab, (batch, seq + 1), device=device)
     agent = None
+    # Sketched batches by the depths of the schedule their Krylov process ran.
+    krylov_depths: dict = {}
     spill = tempfile.mkdtemp(prefix="rankscope-gpu-bench-")
     if ARMS[arm] is not None:
         import rankscope
@@ -128,11 +131,21 @@ def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool, max_row
         os.environ["RANKSCOPE_SPILL_DIR"] = spill
         options = dict(ARMS[arm], **({"max_rows": max_rows} if max_rows else {}))
         os.environ.update(options.pop("env", {}))
-        if options.pop("deepest", False):
-            from rankscope import _device
+        from rankscope import _device
 
+        if options.pop("deepest", False):
             # Every batch to the last depth, whatever its layers needed before.
             _device._batch_depths = lambda items: None
+        chosen = _device._batch_depths
+
+        def counted(items):
+            depths = chosen(items)
+            if items[0].sketch:
+                key = str(depths or len(_device._native.SKETCH_SCHEDULE))
+                krylov_depths[key] = krylov_depths.get(key, 0) + 1
+            return depths
+
+        _device._batch_depths = counted
         agent = rankscope.init(collector="127.0.0.1:9", run_id=f"gpu-{arm.replace('@', '-every-')}", **options)
         agent.watch(model)
 
@@ -209,6 +222,7 @@ def child(arm: str, steps: int, warmup: int, profile: bool, smoke: bool, max_row
             device_samples=overhead.get("device_samples", 0),
             metrics_thread_ms=overhead.get("metrics_thread_ms", 0.0),
             training_thread_ms=overhead.get("training_thread_ms", 0.0),
+            krylov_depths=krylov_depths,
         )
         planned_steps = len(range(0, i, ARMS[arm].get("sample_every", 10))) if arm != "steps" else 0
         layers = len(agent._watched)
@@ -254,6 +268,8 @@ def report(results: dict, rounds: int, final: bool) -> None:
             )
         if any(last.get("limits", {}).values()):
             print(f"skipped by share ({arm}): {last['limits']}")
+        if last.get("krylov_depths"):
+            print(f"sketched batches by the depths of the schedule they ran ({arm}, last round): {last['krylov_depths']}")
     for arm in arms:
         for x in results[arm]:
             if "syncs_total" in x:
