@@ -339,7 +339,7 @@ class DeviceSide:
         taken = _Taken(token, matrix, centered, nbytes, sketch, seed, keep, depths)
         self._taken.append(taken)
         self._add_pending_bytes(nbytes, taken.copy_bytes)
-        self._taken_bytes += matrix.numel() * matrix.element_size()
+        self._taken_bytes += taken.copy_bytes
         if self._taken_bytes > HELD_BYTES:
             self._launch()
 

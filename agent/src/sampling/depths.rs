@@ -82,13 +82,10 @@ impl SketchDepths {
     /// Learns from a summary of `layer` the metrics thread analysed.
     pub fn learn(&self, layer: &str, seen: SummaryDepths) {
         let mut layers = self.layers.lock().unwrap_or_else(|e| e.into_inner());
-        let learnt = match layers.get_mut(layer) {
-            Some(learnt) => learnt,
-            None => layers.entry(layer.to_string()).or_insert(Learnt {
-                needed: ALL,
-                floor: 1,
-            }),
-        };
+        let learnt = layers.entry(layer.to_string()).or_insert(Learnt {
+            needed: ALL,
+            floor: 1,
+        });
         match seen.vouched_at {
             Some(depths) => learnt.needed = depths,
             None if seen.held < ALL => {

@@ -156,7 +156,13 @@ pub fn sketch_spectral(op: &GramOperator<'_>, trace: f64, seed: u64, goal: Sketc
 }
 
 /// The deepest space's size, K = (q + 1)·b at the schedule's last depth.
-const DEEPEST_SPACE: usize = (SKETCH_SCHEDULE[SKETCH_SCHEDULE.len() - 1] + 1) * SKETCH_BLOCK;
+const DEEPEST_SPACE: usize = space_of(SKETCH_SCHEDULE.len());
+
+/// The space's size K = (q + 1)·b when it holds the first `depths` depths of the schedule
+/// (1 to its length), q the last of them.
+const fn space_of(depths: usize) -> usize {
+    (SKETCH_SCHEDULE[depths - 1] + 1) * SKETCH_BLOCK
+}
 /// The smallest r the sketch measures: the deepest space and the block after it must fit
 /// in r dimensions.
 const DEEPEST_SIDE: usize = DEEPEST_SPACE + SKETCH_BLOCK;
@@ -245,7 +251,7 @@ impl KrylovSummary {
         if depths == 0 || depths > SKETCH_SCHEDULE.len() {
             return 0;
         }
-        let k = (SKETCH_SCHEDULE[depths - 1] + 1) * SKETCH_BLOCK;
+        let k = space_of(depths);
         2 * k * k + depths * (SKETCH_BLOCK * SKETCH_BLOCK + 1 + 2 * SKETCH_PROBES)
     }
 
@@ -269,11 +275,7 @@ impl KrylovSummary {
     /// of depths told by their count); `None` for a length that is none of those.
     pub fn from_packed(side: usize, values: &[f64]) -> Option<KrylovSummary> {
         let depths = Self::depths_in(values.len())?;
-        let (k, b, m) = (
-            (SKETCH_SCHEDULE[depths - 1] + 1) * SKETCH_BLOCK,
-            SKETCH_BLOCK,
-            SKETCH_PROBES,
-        );
+        let (k, b, m) = (space_of(depths), SKETCH_BLOCK, SKETCH_PROBES);
         let mut rest = values;
         let mut take = |n: usize| {
             let (head, tail) = rest.split_at(n);
