@@ -790,10 +790,7 @@ fn mark_unvouched(
     let within: Vec<bool> = SKETCH_BOUNDS
         .iter()
         .zip(&estimates)
-        .map(|(&(name, bound), &(named, err))| {
-            debug_assert_eq!(name, named);
-            err <= bound
-        })
+        .map(|(&(_, bound), &(_, err))| err <= bound)
         .collect();
     for (index, &ok) in within.iter().enumerate() {
         if ok {

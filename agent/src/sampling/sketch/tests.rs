@@ -9,7 +9,7 @@ use super::{
     sketch_spectral, sketch_summarized,
 };
 use crate::sampling::gram::GramOperator;
-use crate::sampling::spectral::{Spectral, SplitMix64, gaussian, spectral};
+use crate::sampling::spectral::{Spectral, SpectralErrors, SplitMix64, gaussian, spectral};
 
 fn random(rows: usize, cols: usize, seed: u64) -> Mat<f64> {
     let values = gaussian(&mut SplitMix64(seed), rows * cols);
@@ -100,6 +100,25 @@ fn known_spectra(r: usize) -> Vec<(&'static str, Vec<f64>)> {
         ("gap", gap),
         ("rank 24 above a floor", low),
     ]
+}
+
+/// The bounds are read by position beside the error estimates (`mark_unvouched`): the
+/// two lists name the same columns in the same order.
+#[test]
+fn the_bounds_name_the_columns_in_their_order() {
+    let bounds: Vec<&str> = SKETCH_BOUNDS.iter().map(|&(name, _)| name).collect();
+    let estimates: Vec<&str> = SpectralErrors::default()
+        .named()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let columns: Vec<&str> = Spectral::default()
+        .named()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(bounds, estimates);
+    assert_eq!(bounds, columns);
 }
 
 #[test]
