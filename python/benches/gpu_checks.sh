@@ -17,6 +17,13 @@
 #    depth (the arms full@10 and full@10-deepest, 2 rounds, in what is left of about 10
 #    minutes).
 #
+# WHEEL is the user's wheel (`make wheel`: target/wheels/dist, over an hour from an empty
+# target/ on 2 cores) or the dev wheel (`make python-dev`, which `make demo` and `make
+# test` run: target/wheels/dev, about 11 minutes from empty). In the dev wheel the code a
+# sampled step runs (the extension, the agent, its algebra) is optimized and the rest is
+# not: the transport thread's CPU time, which the default budget counts, is higher, and
+# the extension needs the build machine's glibc (2.36 on Debian 12) or newer.
+#
 # Writes gpu-checks.log, pip-report.json and the profiled arms' kernel tables to OUT_DIR.
 # Each part has its own time limit; a failing part is reported and the next one runs.
 set -u
