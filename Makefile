@@ -196,9 +196,10 @@ test: disk-space $(STAMP) python-dev browser terminal delta-readers ## build eve
 	  RANKSCOPE_TORCH_VERSIONS="$(TORCH_FLOOR) $(TORCH_NEWEST)" \
 	  $(VENV)/bin/python -m pytest -q python/tests
 
-lint: $(STAMP) ## rustfmt and clippy, as CI wants them (needs the venv's libtorch, not a build)
+lint: $(STAMP) ## rustfmt, clippy and rustdoc, warnings as errors (needs the venv's libtorch, not a build)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 	cd python && cargo fmt -- --check && CARGO_TARGET_DIR=$(CURDIR)/target cargo clippy --all-targets -- -D warnings
 
 fmt:

@@ -117,7 +117,7 @@ pub struct PendingStats {
     pub largest_file_rows: usize,
     /// Age of the oldest row buffered.
     pub age: Option<Duration>,
-    /// What the rows (buffered and being committed) may take now ([`Intake::rows_limit`]).
+    /// What the rows (buffered and being committed) may take now (`Intake::rows_limit`).
     pub limit: usize,
     /// What the open streams take.
     pub streams: usize,
@@ -130,7 +130,7 @@ pub struct PendingStats {
 /// still arriving and batches being decoded and admitted ([`Room`],
 /// [`Intake::decode_room`]), what the open streams
 /// take ([`stream_bytes`] each), and the rest for the rows held, buffered or being
-/// committed ([`Intake::rows_limit`]). The rows always get at least a sixteenth of
+/// committed (`Intake::rows_limit`). The rows always get at least a sixteenth of
 /// the bound: streams past what the bound can hold (about 1,080 of the agents'
 /// 128 KiB batches at the default)
 /// take RSS past it, with a warning that names the bound to set.

@@ -7,7 +7,7 @@
 //! thread (the `overhead_ms` of the step rows). The process's CPU time is
 //! `CLOCK_PROCESS_CPUTIME_ID`. The one-time set-up of the agent's threads at `init`
 //! (the metrics thread's warm-up, the transport thread's start and first
-//! connection) is left out of both ([`super::sampler`]). Both are read at each planned sample (every
+//! connection) is left out of both (`budget::sampler`). Both are read at each planned sample (every
 //! `RANKSCOPE_SAMPLE_EVERY` steps), never on other steps: the process's and the
 //! transport thread's clocks as the transport thread last read them (every 100 ms),
 //! since reading them from the training thread can take milliseconds on a loaded
@@ -227,7 +227,7 @@ impl BudgetController {
         self.demand(at, now, expected_ns) <= 1.0
     }
 
-    /// [`BudgetController::allows`] as a number: the agent's time in the window plus
+    /// Whether a sample is allowed, as a number: the agent's time in the window plus
     /// `expected_ns`, against the budget's share of the process's time in it (at most
     /// 1: allowed). 0 when the cost is not known yet or the budget is unlimited.
     pub fn demand(&mut self, at: Duration, now: CpuTimes, expected_ns: Option<u64>) -> f64 {

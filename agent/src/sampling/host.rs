@@ -10,7 +10,7 @@
 //! - or what a device already reduced the sample to ([`Reduced`]: the health sums
 //!   and the Gram matrix of the smaller side), for activations that live on a GPU.
 //!
-//! Either way the result is a [`HostSample`], which [`super::measure`] measures on
+//! Either way the result is a [`HostSample`], which [`super::measure`](mod@super::measure) measures on
 //! the metrics thread.
 //!
 //! # From an activation to a matrix A (n rows = samples, d columns = features)

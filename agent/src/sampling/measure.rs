@@ -2,8 +2,8 @@
 //! second step, on the metrics thread, over host buffers only.
 //!
 //! [`measure`] takes a [`HostSample`] (what an adapter handed over, [`super::host`]): the
-//! health columns ([`super::health`]) → optional centring → the spectrum. The spectrum is
-//! [`Method::Exact`] ([`super::exact`]: eigenvalues of the Gram matrix of the smaller
+//! health columns (`sampling::health`) → optional centring → the spectrum. The spectrum is
+//! [`Method::Exact`] (`sampling::exact`: eigenvalues of the Gram matrix of the smaller
 //! side) or, for matrices with at least [`SpectrumOptions::sketch_threshold`] rows and
 //! columns, [`Method::Sketch`] ([`super::sketch`]: randomized block Krylov estimates, each
 //! with its own error estimate), or [`Method::Fallback`] where the sketch cannot vouch for

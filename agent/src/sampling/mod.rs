@@ -12,14 +12,14 @@
 //! - [`buffers`]: the reused buffers samples are read into;
 //! - [`depths`]: how many depths of the sketch's schedule each layer's device Krylov
 //!   process runs, learnt from that layer's last summary;
-//! - [`measure`]: a sample → its `layers` metrics, on the metrics thread, using
+//! - [`measure`](mod@measure): a sample → its `layers` metrics, on the metrics thread, using
 //!   - `health`: `mean`, `std`, `zero_fraction`, `nonfinite`;
 //!   - `exact`: the float64 Gram eigen-solve (faer);
 //!   - [`sketch`]: randomized block Krylov estimates for large matrices, each with its
 //!     own error estimate, over [`gram::GramOperator`];
-//!   - [`spectral`]: the six spectral columns from eigenvalues, and the seeded random
+//!   - [`spectral`](mod@spectral): the six spectral columns from eigenvalues, and the seeded random
 //!     source both spectrum methods use;
-//! - [`worker`]: the metrics thread that runs [`measure`] on queued samples;
+//! - [`worker`]: the metrics thread that runs [`measure`](fn@measure) on queued samples;
 //! - [`spectra`]: seeded test spectra and the exact-against-sketch comparison
 //!   (benchmarks and tests).
 //!

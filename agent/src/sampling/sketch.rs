@@ -3,7 +3,7 @@
 //! own error ([`SpectralErrors`]). Pure Rust on host buffers: the products with G
 //! ([`GramOperator`]) in float32, the small dense algebra on the space in float64 (faer,
 //! one thread). `docs/metrics.md` ("Sketch mode") states the method, the estimates, the
-//! bounds and why they hold. [`super::measure`] chooses the method
+//! bounds and why they hold. [`super::measure`](mod@super::measure) chooses the method
 //! ([`super::options::SpectrumOptions::method`]), computes the Σλ that the sketch takes as
 //! given, and falls back to the exact path for a sample the sketch cannot vouch for.
 

@@ -1,6 +1,6 @@
 //! What the exact path and the sketch share: the six spectral columns ([`Spectral`]) and
 //! how they follow from eigenvalues ([`spectral`]), the seeded random source
-//! ([`SplitMix64`], [`gaussian`]). It imports nothing else of the agent.
+//! (`SplitMix64`, `gaussian`). It imports nothing else of the agent.
 //!
 //! # Spectral metrics
 //!

@@ -8,14 +8,14 @@
 //! and gives the buffer back ([`SampleBuffers`]). An adapter whose sample still has to
 //! come to the host (a tch tensor on a GPU) hands over a [`DeferredSample`], read here.
 //! The training thread samples no step whose samples the queue has no room for (it
-//! counts the step as skipped, [`crate::budget::sampler`]), and the overhead budget
+//! counts the step as skipped, `budget::sampler`), and the overhead budget
 //! keeps the worker's CPU time within its share ([`crate::budget`]): the worker runs in
 //! the normal scheduling class and reports its own CPU time after each sample.
 //!
-//! Before its first job the thread warms up ([`warm_up`]): it measures a small
+//! Before its first job the thread warms up (`warm_up`): it measures a small
 //! synthetic sample, so one-time set-up (the thread's first allocations, the eigen-
 //! solver's first call) is paid at `init`, off the training thread, and not by the
-//! run's first sample. Its CPU time is reported apart ([`WorkerCounters::warm_up_ns`])
+//! run's first sample. Its CPU time is reported apart (`WorkerCounters::warm_up_ns`)
 //! and left out of the overhead budget, which then learns what a sample costs from a
 //! first sample that costs what later ones do.
 
@@ -60,7 +60,7 @@ pub enum JobInput {
 
 impl JobInput {
     /// The host memory the sample holds, or will once read: what the metrics queue's
-    /// bound counts ([`crate::budget::sampler`]).
+    /// bound counts (`budget::sampler`).
     pub fn bytes(&self) -> u64 {
         match self {
             JobInput::Ready(sample) => sample.bytes(),

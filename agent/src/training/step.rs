@@ -1,6 +1,6 @@
 //! Step timing: a step guard and phase guards for data, forward, backward and
 //! optimizer. A step with a planned activation sample asks the overhead budget
-//! whether it is taken ([`crate::budget::sampler`]) when it begins.
+//! whether it is taken (`budget::sampler`) when it begins.
 //! The guard's drop sends the `steps` row; its `overhead_ms` is the time
 //! the agent spent on the training thread during the step, this row's own
 //! bookkeeping included. Queuing the row happens after its `overhead_ms` is taken,

@@ -34,7 +34,7 @@
 //! so any collector must find its watermark by that key alone. Delta keeps the
 //! latest version of each app id (and checkpoints keep them). The collector
 //! reads every app id's version of a table once, at its first lookup (the last
-//! checkpoint and the commits since: [`txns`]), then each new commit once; it
+//! checkpoint and the commits since: `txns`), then each new commit once; it
 //! looks a (run, rank) up when its first stream arrives ([`DeltaStore::durable`]),
 //! and reads each table's new commits before the first commit of a rank new to
 //! it, which may have moved from another collector. The table
@@ -71,7 +71,7 @@
 //! - [`commit`]: one collector commit ([`DeltaStore::commit`]);
 //! - [`read`]: a table read back as the collector's rows, for the reports;
 //! - [`stores`]: the object stores of `s3://`, `gs://` and `az://` roots;
-//! - [`txns`]: every app id's `txn` version of a table, read from its log;
+//! - `txns`: every app id's `txn` version of a table, read from its log;
 //! - [`compact`]: a finished run's files merged (`rankscope compact`).
 
 pub mod commit;

@@ -4,7 +4,7 @@
 //!
 //! Imports only `table` (the Arrow schema of each table); nothing of the store,
 //! so the `fuzzing` module runs it in memory, and the Delta output
-//! ([`crate::delta`]) writes its files with the same [`writer_properties`].
+//! ([`crate::delta`]) writes its files with the same `writer_properties`.
 
 use std::io::Write;
 
