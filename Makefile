@@ -144,17 +144,17 @@ wheel-local: $(STAMP)
 python: wheel-local ## build and install the rankscope package (and command) into .venv, release build
 	$(VENV)/bin/pip install --quiet --no-deps --force-reinstall target/wheels/release/rankscope-*.whl
 
-# The package as `make test` uses it: the dev profile. `make python` installs
-# the release build again.
+# The package as `make test` and `make demo` use it: the dev profile. `make python`
+# installs the release build again.
 python-dev: $(STAMP)
 	$(call command-binary,,debug)
 	$(call package-wheel,--profile dev,dev)
 	$(VENV)/bin/pip install --quiet --no-deps --force-reinstall target/wheels/dev/rankscope-*.whl
 
-# The demo runs on the dev build that `make test` uses too (12 min from empty on 2
-# cores, against 46 for the release build): a first demo costs a quarter of the
-# time, and a `make test` after it compiles nothing again. `make python` installs
-# the release build for real runs.
+# The demo runs on the dev build that `make test` uses too: it compiles in a quarter
+# of the release build's time (BENCHMARKS.md, "Build and install times"), and a
+# `make test` after it compiles nothing again. `make python` installs the release
+# build for real runs.
 demo: $(STAMP) python-dev ## 4 PyTorch DDP ranks under torchrun into an embedded collector, then the summary and report (dev build)
 	$(VENV)/bin/rankscope demo --steps 100
 
