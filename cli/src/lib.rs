@@ -18,6 +18,7 @@
 //!   that reports on or compares runs.
 
 pub mod analysis;
+mod bytes_arg;
 mod commands;
 mod duration_arg;
 #[cfg(feature = "torch")]
@@ -46,13 +47,13 @@ use commands::{collector, compare, demo, jumps, launch, loadgen, replay, report,
   rankscope collector --out ./rankscope-out       # the central collector
   rankscope collector --http 127.0.0.1:9464       # ... with its live view, then:
   rankscope top --collector 127.0.0.1:9464        # every rank live in the terminal
-  rankscope launch --nproc-per-node 4 -- rankscope train --model cnn
+  rankscope launch --nproc-per-node 4 -- python train.py  # torchrun's variables, no torchrun
   rankscope loadgen --ranks 8 --steps 100 --layers 12 --collector 127.0.0.1:50051
   rankscope report rankscope-out                  # HTML page + diagnoses of the latest run
   rankscope compare RUN_A RUN_B                   # two runs side by side
   rankscope collector --out s3://bucket/rankscope # Delta Lake tables (docs/past-one-machine.md)
   rankscope compact --out s3://bucket/rankscope --run-id RUN   # merge a finished run's files
-  rankscope jumps fc1_stable_rank.csv             # level shifts in a step,value series
+  rankscope jumps stable_rank.csv                 # level shifts in a step,value series
   duckdb -c \"select rank, count(*) from read_parquet('rankscope-out/steps/*/*.parquet', hive_partitioning=true) group by rank\"
 
 Logs: RANKSCOPE_LOG=debug (tracing's env-filter syntax)."
@@ -82,6 +83,36 @@ enum Command {
     Spectrum(spectrum::Args),
     #[cfg(feature = "torch")]
     Bench(bench::Args),
+    // A build without libtorch (the wheel's command) names what it lacks, rather than
+    // clap's "unrecognized subcommand".
+    #[cfg(not(feature = "torch"))]
+    #[command(hide = true)]
+    Train(NeedsTorch),
+    #[cfg(not(feature = "torch"))]
+    #[command(hide = true)]
+    Spectrum(NeedsTorch),
+    #[cfg(not(feature = "torch"))]
+    #[command(hide = true)]
+    Bench(NeedsTorch),
+}
+
+/// Whatever follows a command that this build lacks.
+#[cfg(not(feature = "torch"))]
+#[derive(clap::Args)]
+struct NeedsTorch {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    _args: Vec<std::ffi::OsString>,
+}
+
+/// The error for `rankscope <command>` in a build without libtorch.
+#[cfg(not(feature = "torch"))]
+fn needs_torch(command: &str) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "`rankscope {command}` runs on libtorch, and this rankscope was built without it (the \
+         wheel's command is): build it with `cargo build --release -p rankscope` (docs/running.md). \
+         For a PyTorch script: `rankscope demo --script train.py` or \
+         `rankscope launch --nproc-per-node N -- python train.py`"
+    )
 }
 
 /// The log filter without `RANKSCOPE_LOG`: ours at info; the Delta Lake libraries
@@ -130,5 +161,55 @@ where
         Command::Spectrum(args) => spectrum::run(args),
         #[cfg(feature = "torch")]
         Command::Bench(args) => bench::run(args),
+        #[cfg(not(feature = "torch"))]
+        Command::Train(_) => needs_torch("train"),
+        #[cfg(not(feature = "torch"))]
+        Command::Spectrum(_) => needs_torch("spectrum"),
+        #[cfg(not(feature = "torch"))]
+        Command::Bench(_) => needs_torch("bench"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once("rankscope").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn summary_and_report_read_the_output_and_run_alike() {
+        for command in ["summary", "report"] {
+            for args in [
+                &[command, "out-dir", "--run-id", "r"][..],
+                &[command, "--out", "out-dir", "--run", "r"],
+            ] {
+                let input = match parse(args).unwrap().command {
+                    Command::Summary(a) => a.input,
+                    Command::Report(a) => a.input,
+                    _ => unreachable!(),
+                };
+                assert_eq!(input.out(), std::path::PathBuf::from("out-dir"), "{args:?}");
+                assert_eq!(input.run_id.as_deref(), Some("r"), "{args:?}");
+            }
+            let error = parse(&[command, "a", "--out", "b"]).err().unwrap();
+            assert!(error.contains("cannot be used with"), "{error}");
+        }
+    }
+
+    #[test]
+    fn demo_refuses_zero_ranks_and_a_zero_interval() {
+        for (flag, named) in [
+            ("--nproc-per-node", "'0' for '--nproc-per-node"),
+            ("--sample-every", "'0' for '--sample-every"),
+        ] {
+            let error = parse(&["demo", flag, "0"]).err().unwrap();
+            assert!(
+                error.contains(named) && error.contains("0 is not in 1.."),
+                "{error}"
+            );
+        }
     }
 }

@@ -29,6 +29,32 @@ use rankscope_collector::table::{self, Table};
 use crate::analysis::agent_cost::{self, AgentCost};
 use crate::analysis::diagnoses::{self, EventRecord, LayerRecord, RankInfo, RunData, StepRecord};
 
+/// Where `summary` and `report` read: the collector's output, given as `OUT` or as
+/// `--out OUT` (the collector's own flag), and the run in it.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunArgs {
+    /// The collector's output directory, or its Delta tables (`delta:PATH`,
+    /// `s3://BUCKET/PREFIX`) [default: rankscope-out].
+    #[arg(value_name = "OUT")]
+    out_given: Option<PathBuf>,
+    /// The same as OUT.
+    #[arg(long = "out", value_name = "OUT", conflicts_with = "out_given")]
+    out_flag: Option<PathBuf>,
+    /// The run (default: the latest run).
+    #[arg(long, visible_alias = "run")]
+    pub run_id: Option<String>,
+}
+
+impl RunArgs {
+    /// The output given, or the collector's default.
+    pub fn out(&self) -> PathBuf {
+        self.out_given
+            .clone()
+            .or_else(|| self.out_flag.clone())
+            .unwrap_or_else(|| rankscope_collector::CollectorConfig::DEFAULT_OUT.into())
+    }
+}
+
 /// The collector's output directory, open for SQL.
 pub struct Dataset {
     ctx: SessionContext,
@@ -219,7 +245,7 @@ impl Dataset {
         match run_id {
             None => runs.last().cloned().ok_or_else(|| {
                 anyhow!(
-                    "{} holds no run yet: point --out at a collector's output directory",
+                    "{} holds no run yet: give the directory a collector writes (its --out)",
                     self.out.display()
                 )
             }),

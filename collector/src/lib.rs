@@ -242,6 +242,16 @@ impl CollectorConfig {
                 Self::DEFAULT_MAX_STREAMS
             ));
         }
+        if let Output::Dir(dir) = &self.out
+            && dir.exists()
+            && !dir.is_dir()
+        {
+            return bad(format!(
+                "--out {} is a file, not a directory: give a directory (the collector \
+                 creates it when it is missing)",
+                dir.display()
+            ));
+        }
         Ok(())
     }
 }

@@ -238,7 +238,13 @@ class Agent:
         return s
 
     def event(self, kind: str, message: str, value: Optional[int] = None) -> None:
-        """Records a row in the ``events`` table."""
+        """Records a row in the ``events`` table; ``value`` is a whole number (its
+        column is Int64) or ``None``."""
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(
+                f"value={value!r} has type {type(value).__name__}, not a whole number: the events "
+                "table's value is Int64; e.g. value=3, or put the number in message"
+            )
         self._native.event(kind, message, value)
 
     def samples(self) -> Tuple[int, int, int]:

@@ -158,6 +158,9 @@ def test_a_wrong_setting_raises_config_error_naming_it():
         rankscope.init(sample_every=0)
     with pytest.raises(rankscope.ConfigError, match='mode="sometimes"' ):
         rankscope.init(mode="sometimes")
+    # The keyword, not the variable it overrides, and the form to write.
+    with pytest.raises(rankscope.ConfigError, match='collector="localhost".*no port.*HOST:PORT'):
+        rankscope.init(collector="localhost")
     assert issubclass(rankscope.ConfigError, ValueError)
 
 
@@ -204,6 +207,9 @@ def test_a_dead_collector_neither_raises_nor_stalls_and_keeps_the_rows(tmp_path)
     started = time.monotonic()
     train(agent, 20)
     training_s = time.monotonic() - started
+    # A value the events table cannot hold is refused, naming the fix.
+    with pytest.raises(TypeError, match=r"value=1\.5 has type float, not a whole number"):
+        agent.event("note", "a float", value=1.5)
     report = agent.finish()
     print(f"20 steps with no collector: {training_s:.2f} s; {report}")
     assert not report.connected

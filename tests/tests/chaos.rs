@@ -61,6 +61,20 @@ fn collector_down_for_the_whole_run_gets_the_backlog_afterwards() {
 
     let collector = CollectorProc::start_on(&listen, out, &["--max-file-age", "150ms"]);
     let spill_arg = spill.path().to_str().unwrap();
+    // A mistyped run id names the runs that are there, and sends nothing.
+    let wrong = rankscope(&[
+        "replay",
+        "--spill-dir",
+        spill_arg,
+        "--run-id",
+        "backlg",
+        "--collector",
+        &listen,
+    ]);
+    assert!(
+        wrong.contains("nothing to replay for run backlg") && wrong.contains("runs there: backlog"),
+        "{wrong}"
+    );
     let replayed = rankscope(&["replay", "--spill-dir", spill_arg, "--collector", &listen]);
     assert!(
         replayed.contains("replayed 2 rank directories"),

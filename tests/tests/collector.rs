@@ -294,6 +294,9 @@ fn absurd_flags_are_refused_without_a_panic() {
         ("--max-file-age", "1e20"),
         ("--rank-grace", "1e300m"),
         ("--max-file-age", "ten"),
+        // Host names are not looked up; the message says what to give.
+        ("--http", "localhost:9464"),
+        ("--min-free-bytes", "1GB"),
     ] {
         let output = std::process::Command::new(rankscope_tests::bin("rankscope"))
             .args(["collector", "--listen", "127.0.0.1:0", "--out"])
@@ -305,12 +308,17 @@ fn absurd_flags_are_refused_without_a_panic() {
         assert_eq!(output.status.code(), Some(2), "{flag} {value}: {stderr}");
         assert!(!stderr.contains("panicked"), "{flag} {value}: {stderr}");
         assert!(stderr.contains(value) && stderr.contains(flag), "{stderr}");
+        assert!(
+            stderr.contains("e.g."),
+            "{flag} {value}: no fix given: {stderr}"
+        );
     }
 }
 
 #[test]
 fn bounds_the_collector_cannot_work_with_are_refused() {
     let dir = tempfile::tempdir().unwrap();
+
     for (args, names) in [
         (
             &["--max-memory-bytes", "0"][..],
@@ -360,14 +368,26 @@ fn bounds_the_collector_cannot_work_with_are_refused() {
             "refused before listening: {stdout}"
         );
     }
-    // The smallest accepted bounds start.
+    // A file where the output directory should be.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let output = std::process::Command::new(rankscope_tests::bin("rankscope"))
+        .args(["collector", "--listen", "127.0.0.1:0", "--out"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is a file, not a directory"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("listening"));
+    // The smallest accepted bounds start, written with binary suffixes.
     let collector = CollectorProc::start(
         dir.path(),
         &[
             "--max-memory-bytes",
-            "268435456",
+            "256M",
             "--max-message-bytes",
-            "4096",
+            "4K",
             "--max-streams",
             "1",
         ],

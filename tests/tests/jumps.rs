@@ -141,6 +141,9 @@ fn bad_input_is_an_error_that_names_the_problem() {
     ]);
     assert!(e.contains("step 1 appears twice (lines 2 and 3)"), "{e}");
 
+    let e = fails(&["jumps", &write("empty.csv", "step,value\n")]);
+    assert!(e.contains("empty.csv has no rows under its header"), "{e}");
+
     let e = fails(&[
         "jumps",
         &write("ok.csv", "step,value\n1,0.5\n"),

@@ -58,7 +58,8 @@ pub use collectors::CollectorList;
 pub use error::ConfigError;
 pub use layer_filter::LayerFilter;
 pub use modes::{Mode, SpectrumMode};
-use parse::{number, parse_bool, parse_size};
+pub use parse::parse_size;
+use parse::{number, parse_bool};
 use rank_env::{RankIdentity, RankOverrides, rank_identity, run_id};
 pub use tls::client_tls_from_env;
 use tls::client_tls_with;
@@ -366,14 +367,15 @@ impl AgentConfigBuilder {
                 None => DEFAULT_SPILL_MAX_BYTES,
             },
         };
-        let collectors = CollectorList::parse(
-            RANKSCOPE_COLLECTOR,
-            &self
-                .collector
-                .clone()
-                .or_else(|| env(RANKSCOPE_COLLECTOR))
-                .unwrap_or_else(|| DEFAULT_COLLECTOR.into()),
-        )?;
+        // An error names where the list came from: the code's `collector` (the
+        // Python keyword, `train --collector`) or the variable.
+        let collectors = match &self.collector {
+            Some(list) => CollectorList::parse("collector", list)?,
+            None => CollectorList::parse(
+                RANKSCOPE_COLLECTOR,
+                &env(RANKSCOPE_COLLECTOR).unwrap_or_else(|| DEFAULT_COLLECTOR.into()),
+            )?,
+        };
         let collector = collectors.for_rank(rank).to_string();
         let tls = client_tls_with(&env)?;
         if tls.is_none() && collectors.tls() {

@@ -23,7 +23,7 @@ pub(super) fn number(
 }
 
 /// Bytes, with an optional binary `K`, `M` or `G` suffix.
-pub(super) fn parse_size(text: &str) -> Option<u64> {
+pub fn parse_size(text: &str) -> Option<u64> {
     let text = text.trim();
     let (digits, shift) = match text.char_indices().last()? {
         (i, 'k' | 'K') => (&text[..i], 10),

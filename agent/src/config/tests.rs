@@ -267,6 +267,10 @@ fn a_collector_list_gives_each_rank_one_collector() {
         .build_with(|_| None)
         .unwrap_err();
     assert!(err.to_string().contains("entry 2 is empty"), "{err}");
+    assert!(
+        err.to_string().starts_with("collector=\"a:1,,b:2\""),
+        "{err}"
+    );
 }
 
 #[test]

@@ -38,7 +38,7 @@ everything it accepted, then exits 0.")]
 pub struct Args {
     /// Address to listen on (port 0 picks a free port). Loopback by default:
     /// listen on a cluster address only with --token-file (see deploy/).
-    #[arg(long, default_value = "127.0.0.1:50051", env = "RANKSCOPE_LISTEN")]
+    #[arg(long, default_value = "127.0.0.1:50051", env = "RANKSCOPE_LISTEN", value_parser = socket_address)]
     pub listen: SocketAddr,
     /// Where to write: a folder (hive-partitioned Parquet), `delta:PATH` (one
     /// Delta Lake table per table under PATH) or `s3://BUCKET/PREFIX` (the same
@@ -57,8 +57,9 @@ pub struct Args {
     #[arg(long, default_value_t = CollectorConfig::DEFAULT_MAX_STREAMS)]
     pub max_streams: usize,
     /// Largest message accepted, in bytes: at least 4096, at most an eighth of
-    /// --max-memory-bytes (the room for decoding).
-    #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES)]
+    /// --max-memory-bytes (the room for decoding). Byte counts here take K, M
+    /// or G (binary units).
+    #[arg(long, default_value_t = rankscope_proto::DEFAULT_MAX_MESSAGE_BYTES, value_parser = crate::bytes_arg::parse_usize)]
     pub max_message_bytes: usize,
     /// Bound on the collector's resident memory, in bytes: 112 MiB reserved, an
     /// eighth for messages arriving and batches being decoded (without room a
@@ -66,7 +67,7 @@ pub struct Args {
     /// each) and the rest for rows buffered or being committed; past it streams
     /// wait. The rows always get a sixteenth: past about 1,080 streams per 512 MiB
     /// the collector warns and may pass the bound. At least 268435456 (256 MiB).
-    #[arg(long, alias = "max-pending-bytes", default_value_t = CollectorConfig::DEFAULT_MAX_MEMORY_BYTES)]
+    #[arg(long, alias = "max-pending-bytes", default_value_t = CollectorConfig::DEFAULT_MAX_MEMORY_BYTES, value_parser = crate::bytes_arg::parse_usize)]
     pub max_memory_bytes: usize,
     /// How long a message may take from its first byte to its last; past it the
     /// stream ends (DEADLINE_EXCEEDED), freeing what it held, and the agent
@@ -93,13 +94,13 @@ pub struct Args {
     /// Refuse new batches while the output filesystem has less free space than
     /// this many bytes (0: never). Agents keep refused batches and resend them,
     /// so they land once space is freed.
-    #[arg(long, default_value_t = rankscope_collector::space::DEFAULT_MIN_FREE_BYTES)]
+    #[arg(long, default_value_t = rankscope_collector::space::DEFAULT_MIN_FREE_BYTES, value_parser = crate::bytes_arg::parse)]
     pub min_free_bytes: u64,
     /// Serve /metrics (Prometheus), /healthz, /readyz and /live over plain HTTP
     /// on this address (port 0 picks a free port). Off by default; no TLS (only
     /// /live asks for the --token-file token), so bind it to loopback or a
     /// monitoring network.
-    #[arg(long, value_name = "ADDR", env = "RANKSCOPE_HTTP")]
+    #[arg(long, value_name = "ADDR", env = "RANKSCOPE_HTTP", value_parser = socket_address)]
     pub http: Option<SocketAddr>,
     /// Steps the live view (/live, `rankscope top`) keeps per rank, in memory;
     /// 0 turns it off.
@@ -151,6 +152,18 @@ impl Args {
         }
         Ok(config)
     }
+}
+
+/// An address to listen on: IP:PORT, with a hint where a host name or a bare port
+/// was given.
+fn socket_address(text: &str) -> Result<SocketAddr, String> {
+    text.trim().parse().map_err(|_| {
+        format!(
+            "{text:?} is not IP:PORT: give an IP address and a port, e.g. 127.0.0.1:50051 \
+             (this machine only) or 0.0.0.0:50051 (every interface, with --token-file); \
+             host names are not looked up"
+        )
+    })
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

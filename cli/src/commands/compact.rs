@@ -37,6 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
     };
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let mut files = 0;
     for table in Table::ALL {
         let done = runtime
             .block_on(compact_run(
@@ -52,6 +53,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             done.files_before,
             done.files_after,
             done.rows
+        );
+        files += done.files_before;
+    }
+    if files == 0 {
+        // A mistyped run id would otherwise look like a finished compaction.
+        anyhow::bail!(
+            "no table under {root} holds a file of run {}: check --run-id \
+             (`rankscope summary --out {root}` names the latest run and lists them all \
+             when given one that is not there)",
+            args.run_id
         );
     }
     Ok(())

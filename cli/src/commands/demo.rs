@@ -22,8 +22,8 @@ pub struct Args {
     /// Output directory of the embedded collector.
     #[arg(long, default_value = "rankscope-out")]
     pub out: PathBuf,
-    /// Ranks to launch.
-    #[arg(long, default_value_t = 4)]
+    /// Ranks to launch (at least 1).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub nproc_per_node: u32,
     /// With `--rust`: mlp, cnn or transformer.
     #[arg(long, default_value = "mlp", requires = "rust")]
@@ -32,7 +32,9 @@ pub struct Args {
     /// gets `--steps N` only when it is given here.
     #[arg(long)]
     pub steps: Option<u64>,
-    #[arg(long, default_value_t = 10)]
+    /// Sample every layer's activations every N steps (RANKSCOPE_SAMPLE_EVERY; at
+    /// least 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub sample_every: u64,
     /// A PyTorch training script to run under `torchrun --standalone` instead of
     /// the package's example: it calls `rankscope.init()`, which reads the
@@ -83,8 +85,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .block_on(collector)
         .context("collector task")?
         .context("embedded collector failed")?;
-    if statuses.iter().any(|s| !s.success()) {
-        bail!("some ranks failed: {statuses:?}");
+    if let Some(failed) = failed(&statuses, args.rust) {
+        bail!("{failed}");
     }
     println!(
         "collector: {} rows in {} files, {} duplicate batches dropped\n",
@@ -118,6 +120,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 const DEFAULT_TORCHRUN: &str = "torchrun";
+
+/// What failed, where a launch did: torchrun (one status) or the `--rust` ranks
+/// (one each); their own errors are printed above.
+fn failed(statuses: &[std::process::ExitStatus], rust: bool) -> Option<String> {
+    let failed: Vec<_> = statuses
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.success())
+        .collect();
+    let (rank, status) = failed.first()?;
+    Some(if rust {
+        format!(
+            "local rank {rank} failed ({status}); {} of {} ranks failed: their errors are above",
+            failed.len(),
+            statuses.len()
+        )
+    } else {
+        format!("torchrun failed ({status}): the ranks' errors are above")
+    })
+}
 
 /// `--torchrun`, with the default looked for beside this binary first: so the
 /// wheel's `rankscope demo` works from a venv that is not activated.

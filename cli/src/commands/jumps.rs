@@ -18,7 +18,10 @@ Examples:
   rankscope jumps stable_rank.csv
   rankscope jumps loss.csv --json | jq '.[].step'
   duckdb -csv -c \"select step, stable_rank as value from read_parquet('rankscope-out/layers/*/*.parquet')
-    where rank = 0 and layer = 'fc1' order by step\" > fc1.csv && rankscope jumps fc1.csv"
+    where run_id = 'RUN' and rank = 0 and layer = 'blocks.0.mlp.0' order by step\" > sr.csv
+  rankscope jumps sr.csv
+
+`rankscope summary` names a run's id and `layers` rows name their layers."
 )]
 pub struct Args {
     /// CSV file with the header `step,value`.
@@ -56,6 +59,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let points = parse_csv(&args.file, &text)?;
+    if points.is_empty() {
+        anyhow::bail!(
+            "{} has no rows under its header: nothing to look for jumps in (did the query \
+             select a run, rank and layer that exist?)",
+            args.file.display()
+        );
+    }
     let detection = jumps::detect(&points, &config)
         .with_context(|| format!("{}: not a series", args.file.display()))?;
     if args.json {
@@ -109,7 +119,7 @@ pub fn parse_csv(path: &Path, text: &str) -> anyhow::Result<Vec<(u64, f64)>> {
         if let Some(&(last, _)) = points.last() {
             if step == last {
                 anyhow::bail!(
-                    "{name}: line {number}: step {step} appears twice (lines {previous_line} and {number}); give one value per step"
+                    "{name}: line {number}: step {step} appears twice (lines {previous_line} and {number}); give one value per step (from one run, rank and layer)"
                 );
             }
             if step < last {

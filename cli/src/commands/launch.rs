@@ -11,7 +11,8 @@ use anyhow::{Context, bail};
 /// Launch local ranks the way torchrun does.
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = "Examples:
-  rankscope launch --nproc-per-node 4 -- rankscope train --model mlp
+  rankscope launch --nproc-per-node 4 -- python train.py
+  rankscope launch --nproc-per-node 4 -- rankscope train --model mlp   # a build with libtorch
   rankscope launch --nnodes 2 --node-rank 1 --nproc-per-node 8 --master-addr node0 -- ./my_trainer
 
 Each child gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,

@@ -44,7 +44,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let collectors = CollectorList::parse("--collector", &args.collector)?;
     let ranks = rank_dirs(&args.spill_dir, args.run_id.as_deref())?;
     if ranks.is_empty() {
-        println!("nothing to replay in {}", args.spill_dir.display());
+        // Not an error: a job that never spilled leaves nothing, and scripts replay
+        // after every job. What was looked for, and what is there, is said.
+        println!(
+            "{}",
+            nothing_to_replay(&args.spill_dir, args.run_id.as_deref())
+        );
         return Ok(());
     }
     let tls = rankscope_agent::config::client_tls_from_env()?;
@@ -89,6 +94,41 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Why there is nothing to replay: the spill root does not exist (ranks make it only
+/// when they spill), or it holds no recorded rank of the run asked for (and which runs
+/// it does hold).
+fn nothing_to_replay(root: &Path, run_id: Option<&str>) -> String {
+    if !root.exists() {
+        return format!(
+            "nothing to replay: {} does not exist (ranks create it only when they spill; \
+             --spill-dir or RANKSCOPE_SPILL_DIR names the one they used)",
+            root.display()
+        );
+    }
+    let runs: Vec<String> = rank_dirs(root, None)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|rank| Some(rank.parent()?.file_name()?.to_string_lossy().into_owned()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    match (run_id, runs.is_empty()) {
+        (Some(run), false) => format!(
+            "nothing to replay for run {run} in {}; runs there: {}",
+            root.display(),
+            runs.join(", ")
+        ),
+        (Some(run), true) => format!(
+            "nothing to replay for run {run}: {} holds no spilled rank",
+            root.display()
+        ),
+        (None, _) => format!(
+            "nothing to replay: {} holds no spilled rank",
+            root.display()
+        ),
+    }
 }
 
 /// `<root>/<run>/rank-<n>` directories that hold a recorded rank.

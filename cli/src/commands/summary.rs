@@ -4,29 +4,24 @@
 //! their trend since the first sample.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use crate::analysis::coverage::{Coverage, planned_samples};
-use crate::output_query::{Dataset, floats, ints, literal, strings};
+use crate::output_query::{Dataset, RunArgs, floats, ints, literal, strings};
 
 /// Summarise a run from the collector's output.
 #[derive(clap::Args, Clone, Debug)]
 #[command(after_help = "Examples:
-  rankscope summary --out rankscope-out                        # the latest run
-  rankscope summary --out rankscope-out --run-id run-1763790000-123")]
+  rankscope summary rankscope-out                              # the latest run
+  rankscope summary rankscope-out --run-id run-1763790000-123
+  rankscope summary --out delta:/data/rankscope                # Delta tables")]
 pub struct Args {
-    /// The collector's output directory, or its Delta tables (`delta:PATH`,
-    /// `s3://BUCKET/PREFIX`).
-    #[arg(long, default_value = rankscope_collector::CollectorConfig::DEFAULT_OUT)]
-    pub out: PathBuf,
-    /// The run to summarise (default: the latest run).
-    #[arg(long)]
-    pub run_id: Option<String>,
+    #[command(flatten)]
+    pub input: RunArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let data = Dataset::open(&args.out)?;
-    let run = data.run(args.run_id.as_deref())?;
+    let data = Dataset::open(&args.input.out())?;
+    let run = data.run(args.input.run_id.as_deref())?;
     print!("{}", summarise_dataset(&data, &run.run_id)?);
     Ok(())
 }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::output_query::Dataset;
+use crate::output_query::{Dataset, RunArgs};
 pub use json_summary::Report;
 use rankscope_collector::output::{DeltaRoot, Output};
 
@@ -28,17 +28,12 @@ use rankscope_collector::output::{DeltaRoot, Output};
 
 Examples:
   rankscope report rankscope-out                          # the latest run
-  rankscope report rankscope-out --run run-1763790000-123 --html report.html
+  rankscope report rankscope-out --run-id run-1763790000-123 --html report.html
   rankscope report rankscope-out --json - | jq '.diagnoses[].kind'"
 )]
 pub struct Args {
-    /// The collector's output directory, or its Delta tables (`delta:PATH`,
-    /// `s3://BUCKET/PREFIX`).
-    #[arg(default_value = rankscope_collector::CollectorConfig::DEFAULT_OUT)]
-    pub out: PathBuf,
-    /// The run to report on (default: the latest run).
-    #[arg(long)]
-    pub run: Option<String>,
+    #[command(flatten)]
+    pub input: RunArgs,
     /// Write the HTML page here.
     #[arg(long)]
     pub html: Option<PathBuf>,
@@ -48,11 +43,12 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let dataset = Dataset::open(&args.out)?;
-    let (report, data) = build(&dataset, args.run.as_deref())?;
+    let out = args.input.out();
+    let dataset = Dataset::open(&out)?;
+    let (report, data) = build(&dataset, args.input.run_id.as_deref())?;
     let html_path = match (&args.html, &args.json) {
         (Some(p), _) => Some(p.clone()),
-        (None, None) => Some(default_path(&args.out, &report.run.info.run_id)),
+        (None, None) => Some(default_path(&out, &report.run.info.run_id)),
         (None, Some(_)) => None,
     };
     if let Some(path) = &args.json {

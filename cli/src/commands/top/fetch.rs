@@ -72,7 +72,14 @@ impl Collector {
         stream
             .take(MAX_ANSWER_BYTES)
             .read_to_end(&mut raw)
-            .map_err(io)?;
+            .map_err(|e| match e.kind() {
+                // The gRPC port (HTTP/2 only) resets an HTTP/1.1 request.
+                std::io::ErrorKind::ConnectionReset => format!(
+                    "{}: {e}: is this the collector's --http port, not its gRPC port (--listen)?",
+                    self.addr
+                ),
+                _ => io(e),
+            })?;
         parse_response(&raw).map_err(|why| format!("{}: {why}", self.addr))
     }
 

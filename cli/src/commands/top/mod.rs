@@ -283,6 +283,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.steps == 0 {
         anyhow::bail!("--steps 0 shows nothing: give the steps per rank to read, e.g. 32");
     }
+    if args.once && (args.width < view::MIN_WIDTH || args.height < view::MIN_HEIGHT) {
+        anyhow::bail!(
+            "--width {} --height {}: a frame needs at least --width {} --height {}",
+            args.width,
+            args.height,
+            view::MIN_WIDTH,
+            view::MIN_HEIGHT
+        );
+    }
     if args.interval.0.is_zero() {
         anyhow::bail!("--interval 0 would read the collectors without pause: give e.g. 1s");
     }
