@@ -168,10 +168,25 @@ class Agent:
         Hooks are put in place only for sampled steps, so other steps cost nothing.
         Returns the watched layer names, after the ``layers`` filter.
         """
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"watch({model!r}): {type(model).__name__} is not a torch.nn.Module: pass the model "
+                "(e.g. agent.watch(model)), or observe tensors with agent.observe(name, tensor)"
+            )
         inner = _unwrap(model)
         compiled = _compiled_paths(inner)
+        layers = _layers(inner, skip=compiled)
+        if not layers and not compiled:
+            warnings.warn(
+                f"rankscope found no layer to watch in this {type(inner).__name__}: a layer is a "
+                "module with parameters and no children, or an nn.MultiheadAttention, named by "
+                "its path in the model, and a model that is one layer itself has no path. Wrap "
+                "it (nn.Sequential(model)) or observe its output with agent.observe(name, tensor)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         added = []
-        for name, module, kind in _layers(inner, skip=compiled):
+        for name, module, kind in layers:
             if self._native.wants_layer(name) and not any(w[1] is module for w in self._watched):
                 self._watched.append((name, module, kind))
                 _keep_hook(self._native, name, module, kind)
@@ -240,11 +255,19 @@ class Agent:
     def event(self, kind: str, message: str, value: Optional[int] = None) -> None:
         """Records a row in the ``events`` table; ``value`` is a whole number (its
         column is Int64) or ``None``."""
+        for keyword, text in (("kind", kind), ("message", message)):
+            if not isinstance(text, str):
+                raise TypeError(
+                    f"{keyword}={text!r} has type {type(text).__name__}, not str: "
+                    'e.g. agent.event("checkpoint", "saved step 1000", value=1000)'
+                )
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise TypeError(
                 f"value={value!r} has type {type(value).__name__}, not a whole number: the events "
                 "table's value is Int64; e.g. value=3, or put the number in message"
             )
+        if value is not None and not -(2**63) <= value < 2**63:
+            raise ValueError(f"value={value} is outside Int64, the events table's value: put it in message")
         self._native.event(kind, message, value)
 
     def samples(self) -> Tuple[int, int, int]:

@@ -96,6 +96,19 @@ def layer_name(path: str) -> str:
     return ".".join(p for p in path.split(".") if p not in _WRAPPER_PARTS)
 
 
+def _inert(module: nn.Module, inputs: object, output: object) -> None:
+    """The forward hook a copy of a model holds where the agent's was (below)."""
+    return None
+
+
+def inert_hook():
+    """What a copy of a model made during a sampled step (``copy.deepcopy``, or
+    ``torch.save`` of the whole model) holds in place of the agent's hook, which
+    belongs to this process's agent: a hook that does nothing (the extension's
+    ``NativeHook.__reduce__``)."""
+    return _inert
+
+
 def _keep_hook(native: "_native.NativeAgent", name: str, module: nn.Module, kind: Optional[str]) -> None:
     """Gives the extension the module's hook for sampled steps. The hook (a Rust
     object) is registered once, for the id torch gives it, and removed; a sampled

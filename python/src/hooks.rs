@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 use rankscope_agent::sampling::MatrixPlan;
 use rankscope_agent::training::agent::PendingSample;
 use rankscope_agent::{Agent, sampling};
@@ -85,13 +85,45 @@ impl NativeHook {
             return;
         }
         let torch = self.torch.bind(py).get();
-        if let Some(tensor) = first_tensor(torch, output) {
-            observe(&self.agent, torch, &self.name, self.kind, &tensor, since);
+        match first_tensor(torch, output) {
+            Some(tensor) => observe(&self.agent, torch, &self.name, self.kind, &tensor, since),
+            None => {
+                // Counted, and an `events` row says why, rather than a layer that
+                // `watch` listed and never sampled.
+                if self.agent.sampling_step().is_some()
+                    && let Some(pending) = self.agent.begin_sample(&self.name, self.kind, &[])
+                {
+                    let kind = output
+                        .get_type()
+                        .name()
+                        .map_or_else(|_| "?".to_string(), |n| n.to_string());
+                    self.agent.hand_over(
+                        pending,
+                        Err(format!(
+                            "the layer's output, a {kind}, holds no tensor where the hook looks \
+                             (the output, or the first tensor of a tuple, list or dict): \
+                             observe one with agent.observe(name, tensor)"
+                        )),
+                    );
+                    self.agent.add_overhead(since, true);
+                }
+            }
         }
     }
 
     fn __repr__(&self) -> String {
         format!("rankscope hook of layer {:?}", self.name)
+    }
+
+    /// A copy of a model made during a sampled step (`copy.deepcopy`, or
+    /// `torch.save` of the whole model) holds an inert hook in this one's place: a
+    /// hook belongs to this process's agent and to the module it watches.
+    fn __reduce__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let inert = py.import("rankscope._modules")?.getattr("inert_hook")?;
+        Ok((inert, PyTuple::empty(py)))
     }
 }
 
@@ -115,7 +147,8 @@ pub(crate) struct TorchSide {
     pub(crate) host_to_device_side: std::sync::atomic::AtomicBool,
 }
 
-/// A module's output as a tensor: itself, or the first tensor of a tuple or list.
+/// A module's output as a tensor: itself, or the first tensor of a tuple, a list or
+/// a dict's values (a Hugging Face `ModelOutput` is one).
 fn first_tensor<'py>(torch: &TorchSide, output: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
     let tensor_type = torch.tensor_type.bind(output.py());
     let is_tensor = |obj: &Bound<'py, PyAny>| obj.is_instance(tensor_type).unwrap_or(false);
@@ -127,6 +160,9 @@ fn first_tensor<'py>(torch: &TorchSide, output: &Bound<'py, PyAny>) -> Option<Bo
     }
     if let Ok(list) = output.cast::<PyList>() {
         return list.iter().find(is_tensor);
+    }
+    if let Ok(dict) = output.cast::<PyDict>() {
+        return dict.values().iter().find(is_tensor);
     }
     None
 }

@@ -44,7 +44,12 @@ pub fn text(
         return Ok(None);
     };
     match value.cast::<PyString>() {
-        Ok(s) => Ok(Some(s.to_cow()?.into_owned())),
+        Ok(s) => s.to_cow().map(|t| Some(t.into_owned())).map_err(|_| {
+            ConfigError::new_err(format!(
+                "{name}={} is not valid Unicode text (it holds a lone surrogate): give plain text, e.g. {name}={example}",
+                shown(value)
+            ))
+        }),
         Err(_) => Err(wrong_type(name, value, "a string", example)),
     }
 }
@@ -83,11 +88,15 @@ pub fn overhead_budget(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Over
         return Ok(None);
     };
     let budget = if let Ok(s) = value.cast::<PyString>() {
-        OverheadBudget::parse(&s.to_cow()?)
+        s.to_cow().ok().and_then(|t| OverheadBudget::parse(&t))
     } else if !value.is_instance_of::<PyBool>()
         && (value.is_instance_of::<PyFloat>() || value.is_instance_of::<PyInt>())
     {
-        OverheadBudget::from_fraction(value.extract::<f64>()?)
+        // An int past a float's range is no budget either.
+        value
+            .extract::<f64>()
+            .ok()
+            .and_then(OverheadBudget::from_fraction)
     } else {
         return Err(wrong_type(
             NAME,

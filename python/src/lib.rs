@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString};
 use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
 use rankscope_agent::sampling::worker::JobInput;
 use rankscope_agent::sampling::{
@@ -153,16 +153,17 @@ impl NativeAgent {
     /// Begins step `step`: a context manager that records the `steps` row on exit.
     /// A sampled step puts the watched modules' hooks in place (its exit, or `stop`,
     /// takes them away again).
-    fn step(slf: &Bound<'_, Self>, step: u64) -> NativeStep {
+    fn step(slf: &Bound<'_, Self>, step: &Bound<'_, PyAny>) -> PyResult<NativeStep> {
+        let step = step_number(step)?;
         let this = slf.get();
         let guard = this.agent.step(step);
         let hooked = guard.sampled() && this.set_hooks(slf.py(), true);
-        NativeStep {
+        Ok(NativeStep {
             guard: Some(guard),
             agent: slf.clone().unbind(),
             hooked,
             phase_started: None,
-        }
+        })
     }
 
     /// A forward hook observing its module's output as layer `name`
@@ -406,8 +407,10 @@ impl NativeAgent {
 
     /// Records an event row.
     #[pyo3(signature = (kind, message, value = None))]
-    fn event(&self, kind: &str, message: &str, value: Option<i64>) {
-        self.agent.event(kind, message, value);
+    fn event(&self, kind: &Bound<'_, PyString>, message: &Bound<'_, PyString>, value: Option<i64>) {
+        // Text that is not valid Unicode (a lone surrogate) is kept, with U+FFFD there.
+        self.agent
+            .event(&kind.to_string_lossy(), &message.to_string_lossy(), value);
     }
 
     /// Runs `forward()` once (which turns gradients off) to see layer shapes, then
@@ -518,6 +521,21 @@ impl NativeAgent {
     }
 }
 
+/// A step's number from Python: a whole number from 0 to 2^64 − 1.
+fn step_number(step: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if !step.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "step({}): the step's number is a whole number, e.g. agent.step(i)",
+            step.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+        )));
+    }
+    step.extract::<u64>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "step({step}): the step's number is 0 or more and below 2**64"
+        ))
+    })
+}
+
 /// Starts the agent of this rank. Keywords override `RANKSCOPE_*` variables, which
 /// override defaults. A wrong setting raises `ConfigError`, or with
 /// `RANKSCOPE_ON_CONFIG_ERROR=disable` warns once and returns an inert agent.
@@ -537,61 +555,61 @@ fn init(
     metrics_threads: Option<Bound<'_, PyAny>>,
 ) -> PyResult<NativeAgent> {
     init_logging();
-    let collector = keywords::text("collector", collector.as_ref(), "\"10.0.0.1:50051\"")?;
-    let run_id = keywords::text("run_id", run_id.as_ref(), "\"exp-42\"")?;
-    let mode = keywords::text("mode", mode.as_ref(), "\"rank0\"")?;
-    let sample_every = keywords::whole(
-        "sample_every",
-        sample_every.as_ref(),
-        1,
-        "the sampling interval in steps (RANKSCOPE_SAMPLE_EVERY)",
-        "10",
-    )?;
-    let layers = keywords::text("layers", layers.as_ref(), "\"blocks.*.mlp\"")?;
-    let max_rows = keywords::whole(
-        "max_rows",
-        max_rows.as_ref(),
-        1,
-        "the row cap of an activation matrix (RANKSCOPE_MAX_ROWS)",
-        "4096",
-    )?
-    .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-    let workload = keywords::text("workload", workload.as_ref(), "\"gpt-small\"")?;
-    let overhead_budget = keywords::overhead_budget(overhead_budget.as_ref())?;
-    let metrics_threads = keywords::whole(
-        "metrics_threads",
-        metrics_threads.as_ref(),
-        1,
-        "how many threads measure samples (RANKSCOPE_METRICS_THREADS)",
-        "2",
-    )?
-    .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-    let mut builder = AgentConfigBuilder {
-        collector,
-        run_id,
-        sample_every,
-        layer_filter: layers,
-        max_rows,
-        overhead_budget,
-        metrics_threads,
-        workload: Some(workload.unwrap_or_else(|| "python".into())),
-        ..Default::default()
+    let keywords = || -> PyResult<AgentConfigBuilder> {
+        let mode = keywords::text("mode", mode.as_ref(), "\"rank0\"")?;
+        let mode = match mode.as_deref().map(|m| (m, Mode::parse(m))) {
+            Some((text, None)) => {
+                return Err(ConfigError::new_err(format!(
+                    "mode={text:?} is not a mode: use full, rank0, steps or off"
+                )));
+            }
+            Some((_, m)) => m,
+            None => None,
+        };
+        let workload = keywords::text("workload", workload.as_ref(), "\"gpt-small\"")?;
+        Ok(AgentConfigBuilder {
+            collector: keywords::text("collector", collector.as_ref(), "\"10.0.0.1:50051\"")?,
+            run_id: keywords::text("run_id", run_id.as_ref(), "\"exp-42\"")?,
+            mode,
+            sample_every: keywords::whole(
+                "sample_every",
+                sample_every.as_ref(),
+                1,
+                "the sampling interval in steps (RANKSCOPE_SAMPLE_EVERY)",
+                "10",
+            )?,
+            layer_filter: keywords::text("layers", layers.as_ref(), "\"blocks.*.mlp\"")?,
+            max_rows: keywords::whole(
+                "max_rows",
+                max_rows.as_ref(),
+                1,
+                "the row cap of an activation matrix (RANKSCOPE_MAX_ROWS)",
+                "4096",
+            )?
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            overhead_budget: keywords::overhead_budget(overhead_budget.as_ref())?,
+            metrics_threads: keywords::whole(
+                "metrics_threads",
+                metrics_threads.as_ref(),
+                1,
+                "how many threads measure samples (RANKSCOPE_METRICS_THREADS)",
+                "2",
+            )?
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            workload: Some(workload.unwrap_or_else(|| "python".into())),
+            ..Default::default()
+        })
     };
-    let config = match mode.as_deref().map(|m| (m, Mode::parse(m))) {
-        Some((text, None)) => {
-            return Err(ConfigError::new_err(format!(
-                "mode={text:?} is not a mode: use full, rank0, steps or off"
-            )));
-        }
-        Some((_, Some(m))) => {
-            builder.mode = Some(m);
-            builder.build()
-        }
-        None => builder.build(),
+    // A keyword of the wrong type is a TypeError, always raised; a wrong value (a
+    // ConfigError) or a wrong variable is subject to RANKSCOPE_ON_CONFIG_ERROR.
+    let config = match keywords() {
+        Ok(builder) => builder.build().map_err(|e| e.to_string()),
+        Err(error) if error.is_instance_of::<ConfigError>(py) => Err(error.value(py).to_string()),
+        Err(error) => return Err(error),
     };
     let agent = match config {
         Ok(config) => py.detach(|| Agent::new(config)),
-        Err(error) => match builder.on_error() {
+        Err(error) => match AgentConfigBuilder::default().on_error() {
             Ok(OnConfigError::Disable) => {
                 let warning = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
                 PyErr::warn(
@@ -605,7 +623,7 @@ fn init(
                 )?;
                 Agent::disabled()
             }
-            Ok(OnConfigError::Fail) => return Err(ConfigError::new_err(error.to_string())),
+            Ok(OnConfigError::Fail) => return Err(ConfigError::new_err(error)),
             Err(on_error) => return Err(ConfigError::new_err(on_error.to_string())),
         },
     };

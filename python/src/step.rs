@@ -134,9 +134,10 @@ impl NativeStep {
         }
         if let Some(v) = samples {
             let n = number("samples", v)?;
-            if !(n >= 0.0 && n.is_finite()) {
+            // u64::MAX as a float rounds up to 2^64, which is out of range.
+            if !(n >= 0.0 && n < u64::MAX as f64 && n.fract() == 0.0) {
                 return Err(PyValueError::new_err(format!(
-                    "samples={n}: give the number of training examples in the step (0 or more)"
+                    "samples={n}: give the number of training examples in the step, a whole number (0 or more)"
                 )));
             }
             guard.samples(n as u64);
@@ -243,7 +244,11 @@ pub(crate) fn number(field: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
     // Plain numbers first; a tensor is read through `detach().item()`, never
     // `__float__` (which warns on tensors that require grad).
     if value.is_instance_of::<PyFloat>() || value.is_instance_of::<PyInt>() {
-        return value.extract::<f64>();
+        return value.extract::<f64>().map_err(|_| {
+            PyValueError::new_err(format!(
+                "{field}={value}: too large for a float64; give a finite number"
+            ))
+        });
     }
     let numel = value
         .call_method0("numel")

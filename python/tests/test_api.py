@@ -172,6 +172,13 @@ def test_disable_turns_a_config_error_into_one_warning(monkeypatch):
     assert isinstance(agent, rankscope.InertAgent)
     train(agent, 3)
     assert agent.finish().rows_sent == 0
+    # A keyword's wrong value too; a wrong type is a programming error, raised.
+    monkeypatch.delenv("RANKSCOPE_MAX_ROWS")
+    for keywords, named in (({"sample_every": 0}, "sample_every=0"), ({"mode": "bogus"}, 'mode="bogus"')):
+        with pytest.warns(RuntimeWarning, match=named):
+            assert isinstance(rankscope.init(**keywords), rankscope.InertAgent)
+    with pytest.raises(TypeError, match="sample_every"):
+        rankscope.init(sample_every="10")
 
 
 def test_off_and_rank0_on_other_ranks_are_inert(monkeypatch):
@@ -216,6 +223,121 @@ def test_a_dead_collector_neither_raises_nor_stalls_and_keeps_the_rows(tmp_path)
     assert report.rows_unsent > 0 and report.rows_unsent == report.rows_spilled
     assert report.rows_dropped == 0
     assert Path(report.spill_dir).is_dir()
+
+
+def test_an_agent_collected_unfinished_finishes_and_the_process_exits(collector):
+    # Collected before the interpreter's exit (del, or a function's local), the agent
+    # finishes as finish() does: its metrics threads stop, its rows land.
+    code = textwrap.dedent(
+        f"""
+        import torch, rankscope
+        agent = rankscope.init(collector={collector.addr!r}, run_id="py-collected")
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+        assert agent.watch(model) == ["0"]
+        for step in range(3):
+            with agent.step(step):
+                model(torch.randn(4, 8))
+        del agent
+        print("collected")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "collected" in done.stdout, done.stderr
+    assert "had not measured" not in done.stderr, done.stderr
+    assert collector.stop() == 0
+    out = collector.out
+    assert duckdb(f"select count(*) from {table(out, 'steps')}") == "3"
+    assert duckdb(f"select count(*) from {table(out, 'ranks')} where finished_at is not null") == "1"
+
+
+class DictLeaf(nn.Module):
+    """A layer whose output is a dict (as a Hugging Face ModelOutput is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return {"hidden": x @ self.weight}
+
+
+class NoTensorLeaf(nn.Module):
+    """A layer whose output holds no tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return {"scale": self.weight.detach().item()}
+
+
+class OddOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.d = DictLeaf()
+        self.n = NoTensorLeaf()
+
+    def forward(self, x):
+        self.n(x)
+        return self.d(x)["hidden"]
+
+
+def test_odd_models_and_outputs_are_watched_or_said(collector):
+    import copy
+    import io
+
+    with rankscope.init(collector=collector.addr, run_id="py-odd", sample_every=1) as agent:
+        with pytest.warns(RuntimeWarning, match="no layer to watch in this Linear"):
+            assert agent.watch(nn.Linear(4, 4)) == []
+        with pytest.raises(TypeError, match="str is not a torch.nn.Module"):
+            agent.watch("model")
+        model = OddOutputs()
+        assert agent.watch(model) == ["d", "n"]
+        for step in range(2):
+            with agent.step(step):
+                model(torch.randn(16, 8))
+                # A copy made while the hooks are in place holds inert ones.
+                twin = copy.deepcopy(model)
+                torch.save(model, io.BytesIO())
+        twin(torch.randn(16, 8))
+    assert collector.stop() == 0
+    out = collector.out
+    # The dict's tensor is sampled; the output without one is an event each sampled step.
+    assert duckdb(f"select layer, count(*) from {table(out, 'layers')} group by layer") == "d,2"
+    assert duckdb(
+        f"select count(*) from {table(out, 'events')} where kind = 'sample_unreadable' "
+        "and message like '%layer''s output, a dict, holds no tensor%'"
+    ) == "2"
+
+
+def test_numbers_and_text_out_of_range_are_errors_naming_the_fix(collector):
+    agent = rankscope.init(collector=collector.addr, run_id="py-range")
+    for bad, error, named in ((-1, ValueError, "0 or more"), (2**64, ValueError, "below 2"), ("3", TypeError, "whole")):
+        with pytest.raises(error, match=named):
+            agent.step(bad)
+    with agent.step(0) as s:
+        for keywords, named in (
+            ({"samples": 1.5}, "a whole number"),
+            ({"samples": 2**70}, "a whole number"),
+            ({"loss": 10**400}, "too large for a float64"),
+        ):
+            with pytest.raises(ValueError, match=named):
+                s.record(**keywords)
+    with pytest.raises(ValueError, match="outside Int64"):
+        agent.event("note", "m", 2**63)
+    with pytest.raises(TypeError, match="kind=3 has type int"):
+        agent.event(3, "m")
+    # Text that is not valid Unicode is kept, with U+FFFD in place of what is not.
+    agent.event("note", "half a pair \ud800")
+    with pytest.raises(rankscope.ConfigError, match="overhead_budget=1000"):
+        rankscope.init(overhead_budget=10**400)
+    with pytest.raises(rankscope.ConfigError, match="workload=.* lone surrogate"):
+        rankscope.init(workload="\ud800")
+    assert agent.finish().complete
+    assert collector.stop() == 0
+    kept = duckdb(f"select count(*) from {table(collector.out, 'events')} where message like 'half a pair \ufffd%'")
+    assert kept == "1"
 
 
 def test_import_refuses_a_torch_below_the_floor_and_takes_local_versions(tmp_path):

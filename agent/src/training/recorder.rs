@@ -90,6 +90,18 @@ pub(crate) struct Recorder {
     report: OnceLock<FinishReport>,
 }
 
+impl Drop for Recorder {
+    /// An agent dropped unfinished (a Python agent collected before the interpreter's
+    /// exit, which would finish it) finishes as [`Recorder::finish`] does. Without it
+    /// the fields would drop in their order: the metrics worker first, which joins its
+    /// threads while the queue's sender, a later field, keeps them waiting for work.
+    fn drop(&mut self) {
+        if self.report.get().is_none() {
+            self.finish();
+        }
+    }
+}
+
 impl Recorder {
     pub(crate) fn start(config: AgentConfig) -> std::io::Result<Recorder> {
         let started_at = now_us();
