@@ -115,11 +115,22 @@ impl Dataset {
         let out = out
             .canonicalize()
             .with_context(|| format!("cannot resolve {}", out.display()))?;
+        if out.to_str().is_none() {
+            anyhow::bail!(
+                "{} is not valid UTF-8, and the query engine reads a folder by its name as text: \
+                 rename the folder, or link to it from a name that is",
+                out.display()
+            );
+        }
         let (ctx, runtime) = Dataset::session()?;
         for table in Table::ALL {
             let schema = table::schema(table);
             let dir = out.join(table.name());
-            let has_files = walk_has_parquet(&dir);
+            let files = parquet_files(&dir);
+            for file in &files {
+                check_parquet(file)?;
+            }
+            let has_files = !files.is_empty();
             let name = table.name();
             runtime
                 .block_on(async {
@@ -491,18 +502,60 @@ impl Dataset {
 }
 
 /// Whether `dir` holds a committed Parquet file at any depth.
-fn walk_has_parquet(dir: &Path) -> bool {
+/// The `*.parquet` files under `dir`, at any depth.
+fn parquet_files(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return false;
+        return Vec::new();
     };
-    entries.flatten().any(|e| {
-        let path = e.path();
+    let mut files = Vec::new();
+    for path in entries.flatten().map(|e| e.path()) {
         if path.is_dir() {
-            walk_has_parquet(&path)
-        } else {
-            path.extension().is_some_and(|x| x == "parquet")
+            files.extend(parquet_files(&path));
+        } else if path.extension().is_some_and(|x| x == "parquet") {
+            files.push(path);
         }
-    })
+    }
+    files
+}
+
+/// Checks that `path` is a whole Parquet file: the magic at both ends and a footer
+/// that fits. A damaged file otherwise reads as no rows, or panics in the reader.
+fn check_parquet(path: &Path) -> anyhow::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    const MAGIC: &[u8; 4] = b"PAR1";
+    let damaged = |why: String| {
+        anyhow!(
+            "{} is not a whole Parquet file ({why}): move it out of the output directory \
+             (a collector writes each file whole and then renames it, so it was damaged or \
+             put there since)",
+            path.display()
+        )
+    };
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let len = file
+        .metadata()
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    if len < 12 {
+        return Err(damaged(format!("{len} bytes")));
+    }
+    let mut head = [0u8; 4];
+    let mut tail = [0u8; 8];
+    file.read_exact(&mut head)
+        .and_then(|()| file.seek(SeekFrom::End(-8)).map(|_| ()))
+        .and_then(|()| file.read_exact(&mut tail))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let footer = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+    if &head != MAGIC || &tail[4..] != MAGIC {
+        return Err(damaged("no PAR1 magic at its start and end".into()));
+    }
+    if footer + 12 > len {
+        return Err(damaged(format!(
+            "its footer claims {footer} bytes of a {len}-byte file"
+        )));
+    }
+    Ok(())
 }
 
 fn column<'a>(b: &'a RecordBatch, name: &str) -> anyhow::Result<&'a dyn Array> {
@@ -573,5 +626,25 @@ mod tests {
         assert!(data.runs().unwrap().is_empty());
         let err = data.run(None).unwrap_err().to_string();
         assert!(err.contains("holds no run yet"), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_parquet_file_is_an_error_naming_it() {
+        let out = tempfile::tempdir().unwrap();
+        let dir = out.path().join("steps/run_id=r");
+        std::fs::create_dir_all(&dir).unwrap();
+        for (bytes, why) in [
+            (&b""[..], "0 bytes"),
+            (b"PAR1garbagePAR1", "footer claims"),
+            (b"not a parquet file at all", "no PAR1 magic"),
+        ] {
+            let file = dir.join("part-1.parquet");
+            std::fs::write(&file, bytes).unwrap();
+            let err = Dataset::open(out.path()).err().unwrap().to_string();
+            assert!(
+                err.contains("part-1.parquet is not a whole Parquet file") && err.contains(why),
+                "{err}"
+            );
+        }
     }
 }

@@ -171,13 +171,29 @@ pub enum SeriesError {
         "the value at step {step} (point {index}) is {value}; only finite values can be tested"
     )]
     NonFinite { step: u64, index: usize, value: f64 },
+    #[error(
+        "the value at step {step} (point {index}) is {value:e}; the test takes values up to {MAX_VALUE:e} in size (its sums of squares stay finite): rescale the series, e.g. to its log10"
+    )]
+    TooLarge { step: u64, index: usize, value: f64 },
 }
 
-/// Checks that steps strictly increase and values are finite.
+/// The largest value in size a series may hold: its squares, and their sums over
+/// any series that fits in memory, stay finite.
+pub const MAX_VALUE: f64 = 1e150;
+
+/// Checks that steps strictly increase and values are finite, at most
+/// [`MAX_VALUE`] in size.
 pub fn validate(points: &[(u64, f64)]) -> Result<(), SeriesError> {
     for (i, &(step, value)) in points.iter().enumerate() {
         if !value.is_finite() {
             return Err(SeriesError::NonFinite {
+                step,
+                index: i,
+                value,
+            });
+        }
+        if value.abs() > MAX_VALUE {
+            return Err(SeriesError::TooLarge {
                 step,
                 index: i,
                 value,
@@ -491,6 +507,18 @@ mod tests {
             detect(&[(1, f64::NAN)], &JumpConfig::default()),
             Err(SeriesError::NonFinite { index: 0, .. })
         ));
+        // Values whose differences overflow (they made a clamp panic).
+        let huge: Vec<f64> = (0..100)
+            .map(|i| if i % 2 == 0 { 1e308 } else { -1e308 })
+            .collect();
+        assert!(matches!(
+            detect(&series(&huge), &JumpConfig::default()),
+            Err(SeriesError::TooLarge { index: 0, .. })
+        ));
+        let widest: Vec<f64> = (0..2000)
+            .map(|i| if i % 3 == 0 { MAX_VALUE } else { -MAX_VALUE })
+            .collect();
+        assert!(detect(&series(&widest), &JumpConfig::default()).is_ok());
     }
 
     #[test]

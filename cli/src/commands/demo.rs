@@ -92,6 +92,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "collector: {} rows in {} files, {} duplicate batches dropped\n",
         summary.rows, summary.files, summary.duplicates
     );
+    if summary.rows == 0 {
+        bail!(
+            "the ranks sent nothing to the embedded collector: a script must call \
+             rankscope.init() (it reads RANKSCOPE_COLLECTOR and RANKSCOPE_RUN_ID, which the demo \
+             sets) and record its steps with agent.step(i); the README's quick start shows where"
+        );
+    }
     let dataset = crate::output_query::Dataset::open(&args.out)?;
     print!(
         "{}",
