@@ -311,7 +311,7 @@ def test_odd_models_and_outputs_are_watched_or_said(collector):
     ) == "2"
 
 
-def test_numbers_and_text_out_of_range_are_errors_naming_the_fix(collector):
+def test_numbers_and_text_out_of_range_are_errors_naming_the_fix(collector, capfd):
     agent = rankscope.init(collector=collector.addr, run_id="py-range")
     for bad, error, named in ((-1, ValueError, "0 or more"), (2**64, ValueError, "below 2"), ("3", TypeError, "whole")):
         with pytest.raises(error, match=named):
@@ -335,9 +335,21 @@ def test_numbers_and_text_out_of_range_are_errors_naming_the_fix(collector):
     with pytest.raises(rankscope.ConfigError, match="workload=.* lone surrogate"):
         rankscope.init(workload="\ud800")
     assert agent.finish().complete
+    # A step after finish is not sent, and the log says so (not "queue full").
+    with agent.step(1):
+        pass
+    assert "rows recorded after finish() (steps, events, samples) are not sent" in capfd.readouterr().err
     assert collector.stop() == 0
     kept = duckdb(f"select count(*) from {table(collector.out, 'events')} where message like 'half a pair \ufffd%'")
     assert kept == "1"
+
+
+def test_a_variable_that_is_not_utf8_is_a_config_error_naming_it():
+    env = dict(os.environb)
+    env[b"RANKSCOPE_MODE"] = b"st\xffps"
+    code = "import rankscope\ntry:\n    rankscope.init()\nexcept rankscope.ConfigError as e:\n    print(e)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert "RANKSCOPE_MODE is set to bytes that are not UTF-8 text" in done.stdout, done.stdout + done.stderr
 
 
 def test_import_refuses_a_torch_below_the_floor_and_takes_local_versions(tmp_path):

@@ -58,6 +58,8 @@ pub enum ConfigError {
         "{RANKSCOPE_WORKER_PRIORITY}={0:?} is no longer read: the metrics thread now runs within {RANKSCOPE_OVERHEAD_BUDGET} (default 2%); unset {RANKSCOPE_WORKER_PRIORITY}, and set {RANKSCOPE_OVERHEAD_BUDGET}=100% to measure every planned sample as `normal` did"
     )]
     WorkerPriority(String),
+    #[error("{0} is set to bytes that are not UTF-8 text ({1:?}): set it to text, or unset it")]
+    NotUnicode(String, String),
     #[error(
         "{RANKSCOPE_SPILL_MAX_BYTES}={0:?} is not a size: use bytes with an optional K, M or G suffix, e.g. 512M"
     )]

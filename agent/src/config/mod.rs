@@ -217,13 +217,13 @@ impl AgentConfigBuilder {
 
     /// Reads the process environment for whatever was not set in code.
     pub fn build(&self) -> Result<AgentConfig, ConfigError> {
-        self.build_with(|var| std::env::var(var).ok())
+        with_process_env(|env| self.build_with(env))
     }
 
     /// What a wrong configuration should do: the builder's choice, else
     /// `RANKSCOPE_ON_CONFIG_ERROR`.
     pub fn on_error(&self) -> Result<OnConfigError, ConfigError> {
-        self.on_error_with(|var| std::env::var(var).ok())
+        with_process_env(|env| self.on_error_with(env))
     }
 
     fn on_error_with(
@@ -425,6 +425,29 @@ impl AgentConfigBuilder {
             tls,
             overhead_budget,
         })
+    }
+}
+
+/// Runs `read` over the process environment. A variable it reads that holds bytes
+/// which are not UTF-8 is an error naming it, rather than read as unset.
+fn with_process_env<T>(
+    read: impl FnOnce(&dyn Fn(&str) -> Option<String>) -> Result<T, ConfigError>,
+) -> Result<T, ConfigError> {
+    let not_unicode = std::cell::RefCell::new(None);
+    let env = |var: &str| match std::env::var(var) {
+        Ok(value) => Some(value),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(value)) => {
+            not_unicode
+                .borrow_mut()
+                .get_or_insert_with(|| (var.to_string(), value.to_string_lossy().into_owned()));
+            None
+        }
+    };
+    let result = read(&env);
+    match not_unicode.into_inner() {
+        Some((var, value)) => Err(ConfigError::NotUnicode(var, value)),
+        None => result,
     }
 }
 

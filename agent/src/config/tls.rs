@@ -9,7 +9,9 @@ use crate::transport::ClientTls;
 /// TLS settings from `RANKSCOPE_TLS_*` in the process environment (for tools that
 /// use the transport without an [`AgentConfig`](super::AgentConfig)).
 pub fn client_tls_from_env() -> Result<Option<ClientTls>, ConfigError> {
-    client_tls_with(&|var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty()))
+    super::with_process_env(|env| {
+        client_tls_with(&|var: &str| env(var).filter(|v| !v.trim().is_empty()))
+    })
 }
 
 pub(super) fn client_tls_with(

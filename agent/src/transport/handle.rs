@@ -24,6 +24,8 @@ pub struct Transport {
     control: mpsc::UnboundedSender<Control>,
     counters: Arc<Counters>,
     warned_full: AtomicBool,
+    /// Whether a row sent after finish was warned about.
+    warned_finished: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     report: OnceLock<FinishReport>,
 }
@@ -57,6 +59,7 @@ impl Transport {
             control: control_tx,
             counters,
             warned_full: Default::default(),
+            warned_finished: Default::default(),
             thread: Mutex::new(Some(thread)),
             report: OnceLock::new(),
         })
@@ -102,6 +105,15 @@ impl Transport {
     pub fn send(&self, row: Row) -> bool {
         match self.try_send(row) {
             Ok(()) => true,
+            // Not the queue's fault: the rank's report is made, nothing more is sent.
+            Err(_) if self.report.get().is_some() => {
+                if !self.warned_finished.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the agent has finished: rows recorded after finish() (steps, events, samples) are not sent"
+                    );
+                }
+                false
+            }
             Err(_) => {
                 self.counters.dropped_queue.fetch_add(1, Ordering::Relaxed);
                 if !self.warned_full.swap(true, Ordering::Relaxed) {
