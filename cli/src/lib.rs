@@ -27,6 +27,7 @@ mod example_models;
 mod npy_reader;
 mod output_query;
 mod overhead_budget_arg;
+mod run_id_arg;
 
 use clap::{Parser, Subcommand};
 

@@ -84,6 +84,8 @@ def init(
 
     The agent is finished at interpreter exit if :meth:`Agent.finish` was not
     called. ``with rankscope.init() as agent:`` finishes it on leaving the block.
+    One agent runs in a process at a time: ``init`` raises ``RuntimeError`` while
+    another is running (not finished, not collected).
     """
     if layers is not None and not isinstance(layers, str):
         try:
@@ -96,6 +98,14 @@ def init(
                 'e.g. layers="blocks.*" or layers=["fc1", "blocks.*.mlp"]'
             )
         layers = ",".join(patterns)
+    global _running
+    running = _running()
+    if running is not None and running._report is None:
+        raise RuntimeError(
+            f"{running!r} is already running in this process, and a second agent would claim "
+            "the same rank: use that one (the integrations take agent=), or call its finish() "
+            "before init() starts another"
+        )
     native = _native.init(
         collector=collector,
         run_id=run_id,
@@ -109,7 +119,17 @@ def init(
     )
     if not native.active:
         return InertAgent()
-    return Agent(native)
+    agent = Agent(native)
+    _running = weakref.ref(agent)
+    return agent
+
+
+def _nothing() -> None:
+    return None
+
+
+# The process's running agent, if any (one rank, one agent); not kept alive by this.
+_running: Callable[[], Optional["Agent"]] = _nothing
 
 
 class Agent:

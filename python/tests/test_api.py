@@ -330,11 +330,14 @@ def test_numbers_and_text_out_of_range_are_errors_naming_the_fix(collector, capf
         agent.event(3, "m")
     # Text that is not valid Unicode is kept, with U+FFFD in place of what is not.
     agent.event("note", "half a pair \ud800")
+    # One agent a process: a second would claim the same rank.
+    with pytest.raises(RuntimeError, match="py-range.* is already running in this process"):
+        rankscope.init(collector=collector.addr, run_id="py-range")
+    assert agent.finish().complete
     with pytest.raises(rankscope.ConfigError, match="overhead_budget=1000"):
         rankscope.init(overhead_budget=10**400)
     with pytest.raises(rankscope.ConfigError, match="workload=.* lone surrogate"):
         rankscope.init(workload="\ud800")
-    assert agent.finish().complete
     # A step after finish is not sent, and the log says so (not "queue full").
     with agent.step(1):
         pass

@@ -94,8 +94,18 @@ fn check_address(address: &str) -> Result<(), &'static str> {
     if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
         return Err("write an IPv6 host in brackets, [::1]:50051");
     }
+    if let Some(ip) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'))
+        && ip.parse::<std::net::Ipv6Addr>().is_err()
+    {
+        return Err("the brackets hold no IPv6 address");
+    }
     match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(()),
-        _ => Err("the port must be a number from 1 to 65535"),
+        Ok(p) if p > 0 => {}
+        _ => return Err("the port must be a number from 1 to 65535"),
+    }
+    // What the transport will connect to must be a URI it can parse.
+    match tonic::transport::Endpoint::from_shared(format!("http://{rest}")) {
+        Ok(_) => Ok(()),
+        Err(_) => Err("the host has characters a host name cannot hold"),
     }
 }

@@ -61,6 +61,10 @@ pub enum ConfigError {
     #[error("{0} is set to bytes that are not UTF-8 text ({1:?}): set it to text, or unset it")]
     NotUnicode(String, String),
     #[error(
+        "{RANKSCOPE_TOKEN} holds a line break or another character a request header cannot carry: give the token alone, as the collector's --token-file holds it"
+    )]
+    Token,
+    #[error(
         "{RANKSCOPE_SPILL_MAX_BYTES}={0:?} is not a size: use bytes with an optional K, M or G suffix, e.g. 512M"
     )]
     SpillMaxBytes(String),

@@ -419,12 +419,23 @@ impl AgentConfigBuilder {
             finish_timeout: self.finish_timeout.unwrap_or(DEFAULT_FINISH_TIMEOUT),
             queue_rows: self.queue_rows.unwrap_or(DEFAULT_QUEUE_ROWS),
             workload: self.workload.clone().unwrap_or_default(),
-            token: self.token.clone().or_else(|| env(RANKSCOPE_TOKEN)),
+            token: checked_token(self.token.clone().or_else(|| env(RANKSCOPE_TOKEN)))?,
             spill_dir,
             spill_max_bytes,
             tls,
             overhead_budget,
         })
+    }
+}
+
+/// The bearer token, if it can travel in a request header (no line breaks or other
+/// control characters); else an error naming where it came from.
+fn checked_token(token: Option<String>) -> Result<Option<String>, ConfigError> {
+    match token {
+        Some(t) if tonic::metadata::MetadataValue::try_from(format!("Bearer {t}")).is_err() => {
+            Err(ConfigError::Token)
+        }
+        token => Ok(token),
     }
 }
 

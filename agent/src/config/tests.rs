@@ -218,6 +218,19 @@ fn inconsistent_values_name_the_variable_and_the_fix() {
             &[(RANKSCOPE_COLLECTOR, "grpc://a:1")],
             "the scheme must be http or https",
         ),
+        // Addresses the transport could never connect to.
+        (
+            &[(RANKSCOPE_COLLECTOR, "h^t:1")],
+            "\"h^t:1\" is not a collector address (the host has characters",
+        ),
+        (
+            &[(RANKSCOPE_COLLECTOR, "[zz]:1")],
+            "(the brackets hold no IPv6 address)",
+        ),
+        (
+            &[(RANKSCOPE_TOKEN, "a\nb")],
+            "RANKSCOPE_TOKEN holds a line break",
+        ),
         (
             &[(RANKSCOPE_COLLECTOR, "https://a:1,b:2")],
             "mixes TLS (\"https://a:1\") and plaintext (\"b:2\") collectors: write https:// on every address or on none",

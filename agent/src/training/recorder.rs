@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rankscope_proto::v1::{EventRow, Hello, RankRow, RunRow};
 use rankscope_proto::{MAX_EVENT_MESSAGE_BYTES, MAX_LABEL_BYTES};
@@ -90,6 +90,9 @@ pub(crate) struct Recorder {
     report: OnceLock<FinishReport>,
 }
 
+/// How long an agent dropped unfinished waits for the collector.
+const DROP_FINISH_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl Drop for Recorder {
     /// An agent dropped unfinished (a Python agent collected before the interpreter's
     /// exit, which would finish it) finishes as [`Recorder::finish`] does. Without it
@@ -97,7 +100,8 @@ impl Drop for Recorder {
     /// threads while the queue's sender, a later field, keeps them waiting for work.
     fn drop(&mut self) {
         if self.report.get().is_none() {
-            self.finish();
+            // As briefly as the transport's own drop waits: nobody waits for this one.
+            self.finish_within(DROP_FINISH_TIMEOUT.min(self.config.finish_timeout));
         }
     }
 }
@@ -371,6 +375,12 @@ impl Recorder {
     }
 
     pub(crate) fn finish(&self) -> FinishReport {
+        self.finish_within(self.config.finish_timeout)
+    }
+
+    /// [`Recorder::finish`], waiting at most `timeout` for the collector (half of it
+    /// for the metrics threads).
+    fn finish_within(&self, timeout: Duration) -> FinishReport {
         if let Some(report) = self.report.get() {
             return report.clone();
         }
@@ -381,16 +391,14 @@ impl Recorder {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some(mut w) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            w.finish(self.config.finish_timeout / 2);
+            w.finish(timeout / 2);
         }
         self.buffers.clear();
         self.sampler.freeze();
         let mut final_rows = comm::rows(None, &self.comm.take());
         final_rows.extend(self.sampling_events());
         final_rows.push(Row::Rank(RankRow::from_hello(&self.hello, Some(now_us()))));
-        let report = self
-            .transport
-            .finish(final_rows, self.config.finish_timeout);
+        let report = self.transport.finish(final_rows, timeout);
         self.report.get_or_init(|| report).clone()
     }
 

@@ -34,7 +34,7 @@ pub struct Args {
     pub master_port: u16,
     /// TORCHELASTIC_RUN_ID for every rank (the agent's default run id); a fresh
     /// one when not given.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::run_id_arg::parse)]
     pub run_id: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]

@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1:50051", env = "RANKSCOPE_COLLECTOR")]
     pub collector: String,
     /// Run id.
-    #[arg(long, default_value = "loadgen")]
+    #[arg(long, default_value = "loadgen", value_parser = crate::run_id_arg::parse)]
     pub run_id: String,
     /// Pause between steps of one rank.
     #[arg(long, default_value = "0ms", value_parser = crate::duration_arg::parse)]
