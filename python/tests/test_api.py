@@ -355,6 +355,30 @@ def test_a_variable_that_is_not_utf8_is_a_config_error_naming_it():
     assert "RANKSCOPE_MODE is set to bytes that are not UTF-8 text" in done.stdout, done.stdout + done.stderr
 
 
+def test_the_dropped_rows_a_small_spill_evicts_are_all_reported(tmp_path, monkeypatch):
+    # No collector, and a spill that holds about one segment: most batches are
+    # evicted, and with them the rows_dropped reports they carried. What reaches the
+    # collector in the end still reports every dropped row.
+    monkeypatch.setenv("RANKSCOPE_SPILL_MAX_BYTES", "4K")
+    agent = rankscope.init(collector="127.0.0.1:9", run_id="py-evicted", mode="steps")
+    for step in range(3000):
+        with agent.step(step) as s:
+            s.record(loss=1.0, samples=16)
+    report = agent.finish()
+    assert report.rows_dropped > 1000 and report.rows_spilled > 0
+    collector = Collector(tmp_path / "out")
+    replayed = subprocess.run(
+        [sys.executable, "-m", "rankscope", "replay", "--spill-dir", str(tmp_path / "spill"), "--collector", collector.addr],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    assert collector.stop() == 0
+    events = table(collector.out, "events")
+    assert duckdb(f"select sum(value) from {events} where kind = 'rows_dropped'") == str(report.rows_dropped)
+
+
 def test_import_refuses_a_torch_below_the_floor_and_takes_local_versions(tmp_path):
     code = textwrap.dedent(
         """

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
+use prost::Message;
 use rand::Rng;
 use rankscope_proto::v1::agent_message::Kind as AgentKind;
 use rankscope_proto::v1::collector_client::CollectorClient;
@@ -334,8 +335,15 @@ impl Streamer {
     /// Closes the current batch (adding a drop report if rows were dropped since
     /// the last one) and hands it to the outbox.
     fn cut(&mut self, is_final: bool) {
+        // Room for this batch first, so that its report counts what that drops.
+        self.outbox
+            .make_room(self.current.encoded_len() + DROP_EVENT_BYTES);
         let dropped =
             self.counters.dropped_queue.load(Ordering::Relaxed) + self.outbox.dropped_rows();
+        // A report that went with a dropped batch is made again.
+        self.dropped_reported = self
+            .dropped_reported
+            .saturating_sub(self.outbox.take_drop_reports_lost());
         if dropped > self.dropped_reported {
             self.current.events.push(EventRow {
                 time: now_us(),
@@ -587,6 +595,9 @@ async fn next_message(
         None => std::future::pending().await,
     }
 }
+
+/// What a `rows_dropped` event adds to a batch, about (its encoded bytes).
+const DROP_EVENT_BYTES: usize = 128;
 
 #[cfg(test)]
 mod tests {

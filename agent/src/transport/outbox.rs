@@ -68,6 +68,18 @@ struct Entry {
     batch: Option<Batch>,
     /// Where the spill holds it.
     at: Option<Location>,
+    /// The dropped rows its `rows_dropped` events report (this process's batches).
+    reports_dropped: u64,
+}
+
+/// The dropped rows a batch's `rows_dropped` events report.
+fn reported_drops(batch: &Batch) -> u64 {
+    batch
+        .events
+        .iter()
+        .filter(|e| e.kind == crate::rows::event_kind::ROWS_DROPPED)
+        .filter_map(|e| u64::try_from(e.value?).ok())
+        .sum()
 }
 
 /// Unacknowledged batches.
@@ -88,6 +100,9 @@ pub struct Outbox {
     spill_error: Option<String>,
     acked_rows: u64,
     dropped_rows: u64,
+    /// What the `rows_dropped` events of dropped batches reported, since the
+    /// transport last took it ([`Outbox::take_drop_reports_lost`]).
+    drop_reports_lost: u64,
     damaged_bytes: u64,
 }
 
@@ -106,6 +121,7 @@ impl Outbox {
             spill_error: None,
             acked_rows: 0,
             dropped_rows: 0,
+            drop_reports_lost: 0,
             damaged_bytes: 0,
             config,
         };
@@ -120,6 +136,8 @@ impl Outbox {
                             bytes: r.batch.encoded_len(),
                             batch: None,
                             at: Some(r.at),
+                            // An earlier process's: its reports are its own.
+                            reports_dropped: 0,
                         });
                     }
                     outbox.spill = Some(log);
@@ -171,6 +189,7 @@ impl Outbox {
             seq,
             rows: batch.rows() as u64,
             bytes,
+            reports_dropped: reported_drops(&batch),
             batch: Some(batch),
             at,
         });
@@ -200,12 +219,27 @@ impl Outbox {
     }
 
     fn enforce_bounds(&mut self) {
+        self.enforce_bounds_with(0);
+    }
+
+    /// Drops what the bounds leave no room for beside a batch of `bytes` still to
+    /// come: so that batch's `rows_dropped` report can count them (and the reports
+    /// they held, [`Outbox::take_drop_reports_lost`]) before it is pushed.
+    pub fn make_room(&mut self, bytes: usize) {
+        self.enforce_bounds_with(bytes);
+    }
+
+    fn enforce_bounds_with(&mut self, coming: usize) {
         // Disk: delete the oldest segment while over the bound.
         while let Some(log) = &mut self.spill {
-            if log.bytes() <= self.config.spill_max_bytes {
+            if log.bytes().saturating_add(coming as u64) <= self.config.spill_max_bytes {
                 break;
             }
-            let Some(oldest) = log.oldest_closed() else {
+            // Making room for a batch: the segment it would close is closed now.
+            let Some(oldest) = log
+                .oldest_closed()
+                .or_else(|| (coming > 0 && log.close_if_full()).then(|| log.oldest_closed())?)
+            else {
                 break;
             };
             if let Err(e) = log.remove(oldest) {
@@ -221,8 +255,12 @@ impl Outbox {
             }
         }
         // Memory: release copies that are on disk, or drop batches that are not.
+        // The newest batch stays, unless room is made for one newer.
+        let keep = usize::from(coming == 0);
         let mut i = 0;
-        while self.memory_bytes > self.config.memory_bytes && i + 1 < self.entries.len() {
+        while self.memory_bytes.saturating_add(coming) > self.config.memory_bytes
+            && i + keep < self.entries.len()
+        {
             let e = &mut self.entries[i];
             if e.batch.is_some() {
                 if e.at.is_some() && self.spill.is_some() {
@@ -251,6 +289,10 @@ impl Outbox {
             self.memory_bytes -= e.bytes;
         }
         self.dropped_rows += e.rows;
+        // One sent on this connection may be durable already, its report with it.
+        if i >= self.sent {
+            self.drop_reports_lost += e.reports_dropped;
+        }
         if i < self.sent {
             self.sent -= 1;
         }
@@ -372,6 +414,12 @@ impl Outbox {
         self.dropped_rows
     }
 
+    /// The dropped rows that `rows_dropped` events in batches dropped since the last
+    /// call reported: reported again, they are not lost with those batches.
+    pub fn take_drop_reports_lost(&mut self) -> u64 {
+        std::mem::take(&mut self.drop_reports_lost)
+    }
+
     pub fn unacked_rows(&self) -> u64 {
         self.entries.iter().map(|e| e.rows).sum()
     }
@@ -475,6 +523,28 @@ mod tests {
         assert_eq!(o.dropped_rows(), 30);
         assert_eq!(o.unacked_rows(), 20);
         assert_eq!(o.next_unsent().unwrap().seq, 4);
+    }
+
+    #[test]
+    fn a_drop_report_dropped_with_its_batch_is_given_back_to_report_again() {
+        let one = batch(10).encoded_len();
+        let mut o = Outbox::in_memory(one * 2 + 64);
+        o.welcome(0).unwrap();
+        let mut reporting = batch(10);
+        reporting.events.push(rankscope_proto::v1::EventRow {
+            kind: crate::rows::event_kind::ROWS_DROPPED.into(),
+            value: Some(7),
+            ..Default::default()
+        });
+        o.push(reporting);
+        assert_eq!(o.take_drop_reports_lost(), 0);
+        for _ in 0..3 {
+            o.push(batch(10));
+        }
+        // The reporting batch went with the memory bound: its 7 are to report again.
+        assert_eq!(o.dropped_rows(), 11, "its 10 steps and the event");
+        assert_eq!(o.take_drop_reports_lost(), 7);
+        assert_eq!(o.take_drop_reports_lost(), 0, "taken once");
     }
 
     #[test]

@@ -268,6 +268,20 @@ impl SpillLog {
         }
     }
 
+    /// Closes the segment being written if the next record would start a new one
+    /// anyway (it is full): what the bound deletes then, it can delete before that
+    /// record is written. Whether it did.
+    pub fn close_if_full(&mut self) -> bool {
+        let full = self
+            .current
+            .as_ref()
+            .is_some_and(|(id, _)| self.segments[id] >= self.segment_bytes);
+        if full {
+            self.current = None;
+        }
+        full
+    }
+
     /// The oldest segment, if it is not the one being written.
     pub fn oldest_closed(&self) -> Option<u64> {
         let oldest = *self.segments.keys().next()?;
