@@ -336,8 +336,10 @@ impl Streamer {
     /// the last one) and hands it to the outbox.
     fn cut(&mut self, is_final: bool) {
         // Room for this batch first, so that its report counts what that drops.
-        self.outbox
-            .make_room(self.current.encoded_len() + DROP_EVENT_BYTES);
+        if self.current.rows() > 0 || is_final {
+            self.outbox
+                .make_room(self.current.encoded_len() + DROP_EVENT_BYTES);
+        }
         let dropped =
             self.counters.dropped_queue.load(Ordering::Relaxed) + self.outbox.dropped_rows();
         // A report that went with a dropped batch is made again.
