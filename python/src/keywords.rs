@@ -7,7 +7,8 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
-use rankscope_agent::config::OverheadBudget;
+use rankscope_agent::Mode;
+use rankscope_agent::config::{AgentConfigBuilder, OverheadBudget};
 
 use crate::ConfigError;
 
@@ -108,4 +109,67 @@ pub fn overhead_budget(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Over
     budget.map(Some).ok_or_else(|| {
         ConfigError::new_err(format!("{NAME}={} is not a budget: {FIX}", shown(value)))
     })
+}
+
+/// `init`'s keywords as given (`None`: not given, left to its variable).
+pub struct Keywords<'a, 'py> {
+    pub collector: Option<&'a Bound<'py, PyAny>>,
+    pub run_id: Option<&'a Bound<'py, PyAny>>,
+    pub mode: Option<&'a Bound<'py, PyAny>>,
+    pub sample_every: Option<&'a Bound<'py, PyAny>>,
+    pub layers: Option<&'a Bound<'py, PyAny>>,
+    pub max_rows: Option<&'a Bound<'py, PyAny>>,
+    pub workload: Option<&'a Bound<'py, PyAny>>,
+    pub overhead_budget: Option<&'a Bound<'py, PyAny>>,
+    pub metrics_threads: Option<&'a Bound<'py, PyAny>>,
+}
+
+impl Keywords<'_, '_> {
+    /// The agent's configuration builder from the keywords: a wrong type raises
+    /// `TypeError`, a wrong value `ConfigError`.
+    pub fn builder(&self) -> PyResult<AgentConfigBuilder> {
+        let mode = text("mode", self.mode, "\"rank0\"")?;
+        let mode = match mode.as_deref().map(|m| (m, Mode::parse(m))) {
+            Some((text, None)) => {
+                return Err(ConfigError::new_err(format!(
+                    "mode={text:?} is not a mode: use full, rank0, steps or off"
+                )));
+            }
+            Some((_, m)) => m,
+            None => None,
+        };
+        let workload = text("workload", self.workload, "\"gpt-small\"")?;
+        Ok(AgentConfigBuilder {
+            collector: text("collector", self.collector, "\"10.0.0.1:50051\"")?,
+            run_id: text("run_id", self.run_id, "\"exp-42\"")?,
+            mode,
+            sample_every: whole(
+                "sample_every",
+                self.sample_every,
+                1,
+                "the sampling interval in steps (RANKSCOPE_SAMPLE_EVERY)",
+                "10",
+            )?,
+            layer_filter: text("layers", self.layers, "\"blocks.*.mlp\"")?,
+            max_rows: whole(
+                "max_rows",
+                self.max_rows,
+                1,
+                "the row cap of an activation matrix (RANKSCOPE_MAX_ROWS)",
+                "4096",
+            )?
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            overhead_budget: overhead_budget(self.overhead_budget)?,
+            metrics_threads: whole(
+                "metrics_threads",
+                self.metrics_threads,
+                1,
+                "how many threads measure samples (RANKSCOPE_METRICS_THREADS)",
+                "2",
+            )?
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            workload: Some(workload.unwrap_or_else(|| "python".into())),
+            ..Default::default()
+        })
+    }
 }

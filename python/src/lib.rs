@@ -10,7 +10,7 @@
 //!   sample (host memory: read here; a GPU: the package's device side reduces it);
 //! - `dlpack`: tensors crossing through DLPack;
 //! - `report`: [`Report`], what `finish()` returns;
-//! - `keywords`: the checks of `init`'s keywords.
+//! - `keywords`: the checks of `init`'s keywords, and the configuration they make.
 //!
 //! The agent's time on the training thread (the `steps.overhead_ms` column and the
 //! overhead budget) includes this crate's own work: the hooks (installing, calling,
@@ -30,14 +30,14 @@ use std::time::Instant;
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyInt, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use rankscope_agent::config::{AgentConfigBuilder, OnConfigError};
 use rankscope_agent::sampling::worker::JobInput;
 use rankscope_agent::sampling::{
     HealthSums, HostSample, KrylovSummary, Reduced, SKETCH_BLOCK, SKETCH_PROBES, SKETCH_SCHEDULE,
     SampleData, Sketched,
 };
-use rankscope_agent::{Agent, DeviceBytes, DeviceMemory, Mode, Optimizer, Parameter};
+use rankscope_agent::{Agent, DeviceBytes, DeviceMemory, Optimizer, Parameter};
 
 mod dlpack;
 mod hooks;
@@ -47,7 +47,7 @@ mod step;
 
 use hooks::{HookSlot, NativeHook, NativePending, TorchSide, layer_kind};
 use report::{Report, empty_report};
-use step::{NativePhase, NativeStep, comm_kind};
+use step::{NativePhase, NativeStep, comm_kind, step_number};
 
 pyo3::create_exception!(
     rankscope,
@@ -521,21 +521,6 @@ impl NativeAgent {
     }
 }
 
-/// A step's number from Python: a whole number from 0 to 2^64 − 1.
-fn step_number(step: &Bound<'_, PyAny>) -> PyResult<u64> {
-    if !step.is_instance_of::<PyInt>() {
-        return Err(PyTypeError::new_err(format!(
-            "step({}): the step's number is a whole number, e.g. agent.step(i)",
-            step.repr().map_or_else(|_| "?".into(), |r| r.to_string())
-        )));
-    }
-    step.extract::<u64>().map_err(|_| {
-        PyValueError::new_err(format!(
-            "step({step}): the step's number is 0 or more and below 2**64"
-        ))
-    })
-}
-
 /// Starts the agent of this rank. Keywords override `RANKSCOPE_*` variables, which
 /// override defaults. A wrong setting raises `ConfigError`, or with
 /// `RANKSCOPE_ON_CONFIG_ERROR=disable` warns once and returns an inert agent.
@@ -555,54 +540,20 @@ fn init(
     metrics_threads: Option<Bound<'_, PyAny>>,
 ) -> PyResult<NativeAgent> {
     init_logging();
-    let keywords = || -> PyResult<AgentConfigBuilder> {
-        let mode = keywords::text("mode", mode.as_ref(), "\"rank0\"")?;
-        let mode = match mode.as_deref().map(|m| (m, Mode::parse(m))) {
-            Some((text, None)) => {
-                return Err(ConfigError::new_err(format!(
-                    "mode={text:?} is not a mode: use full, rank0, steps or off"
-                )));
-            }
-            Some((_, m)) => m,
-            None => None,
-        };
-        let workload = keywords::text("workload", workload.as_ref(), "\"gpt-small\"")?;
-        Ok(AgentConfigBuilder {
-            collector: keywords::text("collector", collector.as_ref(), "\"10.0.0.1:50051\"")?,
-            run_id: keywords::text("run_id", run_id.as_ref(), "\"exp-42\"")?,
-            mode,
-            sample_every: keywords::whole(
-                "sample_every",
-                sample_every.as_ref(),
-                1,
-                "the sampling interval in steps (RANKSCOPE_SAMPLE_EVERY)",
-                "10",
-            )?,
-            layer_filter: keywords::text("layers", layers.as_ref(), "\"blocks.*.mlp\"")?,
-            max_rows: keywords::whole(
-                "max_rows",
-                max_rows.as_ref(),
-                1,
-                "the row cap of an activation matrix (RANKSCOPE_MAX_ROWS)",
-                "4096",
-            )?
-            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-            overhead_budget: keywords::overhead_budget(overhead_budget.as_ref())?,
-            metrics_threads: keywords::whole(
-                "metrics_threads",
-                metrics_threads.as_ref(),
-                1,
-                "how many threads measure samples (RANKSCOPE_METRICS_THREADS)",
-                "2",
-            )?
-            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-            workload: Some(workload.unwrap_or_else(|| "python".into())),
-            ..Default::default()
-        })
+    let keywords = keywords::Keywords {
+        collector: collector.as_ref(),
+        run_id: run_id.as_ref(),
+        mode: mode.as_ref(),
+        sample_every: sample_every.as_ref(),
+        layers: layers.as_ref(),
+        max_rows: max_rows.as_ref(),
+        workload: workload.as_ref(),
+        overhead_budget: overhead_budget.as_ref(),
+        metrics_threads: metrics_threads.as_ref(),
     };
     // A keyword of the wrong type is a TypeError, always raised; a wrong value (a
     // ConfigError) or a wrong variable is subject to RANKSCOPE_ON_CONFIG_ERROR.
-    let config = match keywords() {
+    let config = match keywords.builder() {
         Ok(builder) => builder.build().map_err(|e| e.to_string()),
         Err(error) if error.is_instance_of::<ConfigError>(py) => Err(error.value(py).to_string()),
         Err(error) => return Err(error),

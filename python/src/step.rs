@@ -274,3 +274,18 @@ pub(crate) fn number(field: &str, value: &Bound<'_, PyAny>) -> PyResult<f64> {
         .and_then(|v| v.extract::<f64>())
         .map_err(|e| PyValueError::new_err(format!("{field}: cannot read the tensor: {e}")))
 }
+
+/// A step's number from Python: a whole number from 0 to 2^64 − 1.
+pub(crate) fn step_number(step: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if !step.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "step({}): the step's number is a whole number, e.g. agent.step(i)",
+            step.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+        )));
+    }
+    step.extract::<u64>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "step({step}): the step's number is 0 or more and below 2**64"
+        ))
+    })
+}

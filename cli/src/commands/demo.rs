@@ -131,21 +131,13 @@ const DEFAULT_TORCHRUN: &str = "torchrun";
 /// What failed, where a launch did: torchrun (one status) or the `--rust` ranks
 /// (one each); their own errors are printed above.
 fn failed(statuses: &[std::process::ExitStatus], rust: bool) -> Option<String> {
-    let failed: Vec<_> = statuses
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| !s.success())
-        .collect();
-    let (rank, status) = failed.first()?;
-    Some(if rust {
-        format!(
-            "local rank {rank} failed ({status}); {} of {} ranks failed: their errors are above",
-            failed.len(),
-            statuses.len()
-        )
-    } else {
-        format!("torchrun failed ({status}): the ranks' errors are above")
-    })
+    if rust {
+        return launch::failure(statuses).map(|f| format!("{f}: their errors are above"));
+    }
+    let status = statuses.iter().find(|s| !s.success())?;
+    Some(format!(
+        "torchrun failed ({status}): the ranks' errors are above"
+    ))
 }
 
 /// `--torchrun`, with the default looked for beside this binary first: so the

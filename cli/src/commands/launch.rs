@@ -77,19 +77,25 @@ pub fn fresh_run_id() -> String {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let statuses = launch(&args, &[])?;
+    if let Some(failed) = failure(&statuses) {
+        bail!("{failed}");
+    }
+    Ok(())
+}
+
+/// Which local ranks failed, where some did: the first, and how many of all.
+pub fn failure(statuses: &[ExitStatus]) -> Option<String> {
     let failed: Vec<_> = statuses
         .iter()
         .enumerate()
         .filter(|(_, s)| !s.success())
         .collect();
-    if let Some((rank, status)) = failed.first() {
-        bail!(
-            "local rank {rank} failed ({status}); {} of {} ranks failed",
-            failed.len(),
-            statuses.len()
-        );
-    }
-    Ok(())
+    let (rank, status) = failed.first()?;
+    Some(format!(
+        "local rank {rank} failed ({status}); {} of {} ranks failed",
+        failed.len(),
+        statuses.len()
+    ))
 }
 
 /// Starts every local rank with `extra_env` added, and waits for all of them.
