@@ -193,7 +193,7 @@ impl Outbox {
             batch: Some(batch),
             at,
         });
-        self.enforce_bounds();
+        self.make_room(0);
     }
 
     /// Runs a spill write. On failure (a full disk) the batch stays in memory only,
@@ -218,18 +218,11 @@ impl Outbox {
         }
     }
 
-    fn enforce_bounds(&mut self) {
-        self.enforce_bounds_with(0);
-    }
-
-    /// Drops what the bounds leave no room for beside a batch of `bytes` still to
-    /// come: so that batch's `rows_dropped` report can count them (and the reports
-    /// they held, [`Outbox::take_drop_reports_lost`]) before it is pushed.
-    pub fn make_room(&mut self, bytes: usize) {
-        self.enforce_bounds_with(bytes);
-    }
-
-    fn enforce_bounds_with(&mut self, coming: usize) {
+    /// Drops what the bounds leave no room for beside a batch of `coming` bytes still
+    /// to come (0: after a push): so that batch's `rows_dropped` report can count them
+    /// (and the reports they held, [`Outbox::take_drop_reports_lost`]) before it is
+    /// pushed.
+    pub fn make_room(&mut self, coming: usize) {
         // Disk: delete the oldest segment while over the bound.
         while let Some(log) = &mut self.spill {
             if log.bytes().saturating_add(coming as u64) <= self.config.spill_max_bytes {
